@@ -1,0 +1,622 @@
+//! Settings, their builder, and node URLs; everything is validated before any socket opens.
+
+use crate::Redlock;
+use crate::error::{ConfigError, Error};
+use crate::resp::Limits;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where a node lives and how to log in to it: a parsed node URL.
+///
+/// Accepted forms:
+///
+/// - `redis://[[user]:password@]host[:port][/db]` (port 6379 and db 0 by default; user
+///   and password may be percent-encoded; IPv6 hosts in brackets)
+/// - `unix:///path/to/redis.sock[?db=N][&user=U][&password=P]`, or with the login
+///   in front: `unix://[user]:password@/path/to/redis.sock`
+///
+/// # Example
+///
+/// ```
+/// use quorumlock::Endpoint;
+///
+/// let e = Endpoint::parse("redis://app:s3cret@127.0.0.1:7001/2").unwrap();
+/// assert_eq!(e.db(), 2);
+/// assert_eq!(e.to_string(), "redis://app:***@127.0.0.1:7001/2");
+/// assert!(Endpoint::parse("redis://127.0.0.1:99999").is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub(crate) addr: Address,
+    pub(crate) user: Option<String>,
+    pub(crate) password: Option<String>,
+    pub(crate) db: u32,
+    shown: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Address {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl Endpoint {
+    /// Parses and checks a node URL; a TCP host name is resolved here, once.
+    pub fn parse(url: &str) -> Result<Endpoint, ConfigError> {
+        Endpoint::parse_as("node", url)
+    }
+
+    fn parse_as(setting: &str, url: &str) -> Result<Endpoint, ConfigError> {
+        let bad = |problem: &str| ConfigError::new(setting, mask(url), problem);
+        if let Some(rest) = url.strip_prefix("redis://") {
+            let (login, hostpart) = split_login(rest);
+            let (user, password) = login
+                .map(|l| parse_login(l, &bad))
+                .transpose()?
+                .unwrap_or((None, None));
+            let (hostport, db) = match hostpart.split_once('/') {
+                Some((hp, "")) => (hp, 0),
+                Some((hp, db)) => (hp, parse_db(db, &bad)?),
+                None => (hostpart, 0),
+            };
+            if hostport.contains('?') {
+                return Err(bad("query parameters are not supported in redis:// URLs"));
+            }
+            let (host, port) = split_host_port(hostport, &bad)?;
+            if host.is_empty() {
+                return Err(bad("missing host"));
+            }
+            let addr = (host, port)
+                .to_socket_addrs()
+                .map_err(|e| bad(&format!("cannot resolve host {host:?}: {e}")))?
+                .next()
+                .ok_or_else(|| bad(&format!("host {host:?} resolves to no address")))?;
+            Ok(Endpoint::new(Address::Tcp(addr), user, password, db))
+        } else if let Some(rest) = url.strip_prefix("unix://") {
+            let (login, rest) = match rest.find('@') {
+                Some(at) if !rest[..at].contains('/') => (Some(&rest[..at]), &rest[at + 1..]),
+                _ => (None, rest),
+            };
+            let (mut user, mut password) = login
+                .map(|l| parse_login(l, &bad))
+                .transpose()?
+                .unwrap_or((None, None));
+            let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+            if !path.starts_with('/') {
+                return Err(bad(
+                    "a unix socket path must be absolute (unix:///path/to/redis.sock)",
+                ));
+            }
+            let mut db = 0;
+            for pair in query.split('&').filter(|p| !p.is_empty()) {
+                let (k, v) = pair
+                    .split_once('=')
+                    .ok_or_else(|| bad("query parameters must be key=value"))?;
+                match k {
+                    "db" => db = parse_db(v, &bad)?,
+                    "user" => {
+                        user = Some(
+                            percent_decode(v).ok_or_else(|| bad("bad percent-encoding in user"))?,
+                        )
+                    }
+                    "password" | "pass" => {
+                        password = Some(
+                            percent_decode(v)
+                                .ok_or_else(|| bad("bad percent-encoding in password"))?,
+                        )
+                    }
+                    _ => {
+                        return Err(bad(&format!(
+                            "unknown query parameter {k:?} (expected db, user, password)"
+                        )));
+                    }
+                }
+            }
+            if user.is_some() && password.is_none() {
+                return Err(bad("a user needs a password"));
+            }
+            Ok(Endpoint::new(
+                Address::Unix(PathBuf::from(path)),
+                user,
+                password,
+                db,
+            ))
+        } else if url.starts_with("rediss://") {
+            Err(bad("TLS (rediss://) is not supported"))
+        } else {
+            Err(bad("scheme must be redis:// or unix://"))
+        }
+    }
+
+    fn new(addr: Address, user: Option<String>, password: Option<String>, db: u32) -> Endpoint {
+        let login = match (&user, &password) {
+            (Some(u), Some(_)) => format!("{u}:***@"),
+            (None, Some(_)) => ":***@".to_string(),
+            _ => String::new(),
+        };
+        let shown = match &addr {
+            Address::Tcp(a) if db == 0 => format!("redis://{login}{a}"),
+            Address::Tcp(a) => format!("redis://{login}{a}/{db}"),
+            Address::Unix(p) if db == 0 => format!("unix://{login}{}", p.display()),
+            Address::Unix(p) => format!("unix://{login}{}?db={db}", p.display()),
+        };
+        Endpoint {
+            addr,
+            user,
+            password,
+            db,
+            shown,
+        }
+    }
+
+    /// The database number selected after connecting.
+    pub fn db(&self) -> u32 {
+        self.db
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    /// The URL with any password replaced by `***`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+fn split_login(rest: &str) -> (Option<&str>, &str) {
+    // The login ends at the last '@' before the path, so passwords may contain '@'.
+    let end = rest.find('/').unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    }
+}
+
+type Login = (Option<String>, Option<String>);
+
+fn parse_login(login: &str, bad: &dyn Fn(&str) -> ConfigError) -> Result<Login, ConfigError> {
+    let (user, password) = match login.split_once(':') {
+        Some((u, p)) => (u, Some(p)),
+        None => (login, None),
+    };
+    let decode = |s: &str, what: &str| {
+        percent_decode(s).ok_or_else(|| bad(&format!("bad percent-encoding in {what}")))
+    };
+    let user = if user.is_empty() {
+        None
+    } else {
+        Some(decode(user, "user")?)
+    };
+    let password = password.map(|p| decode(p, "password")).transpose()?;
+    match (&user, &password) {
+        (Some(_), None) => Err(bad("a user needs a password (redis://user:password@host)")),
+        (_, Some(p)) if p.is_empty() => Err(bad("empty password")),
+        _ => Ok((user, password)),
+    }
+}
+
+fn split_host_port<'a>(
+    hostport: &'a str,
+    bad: &dyn Fn(&str) -> ConfigError,
+) -> Result<(&'a str, u16), ConfigError> {
+    let (host, port) = if let Some(rest) = hostport.strip_prefix('[') {
+        let (host, after) = rest
+            .split_once(']')
+            .ok_or_else(|| bad("unclosed '[' in IPv6 host"))?;
+        match after {
+            "" => (host, None),
+            p => (
+                host,
+                Some(
+                    p.strip_prefix(':')
+                        .ok_or_else(|| bad("expected ':' after IPv6 host"))?,
+                ),
+            ),
+        }
+    } else {
+        match hostport.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        }
+    };
+    let port = match port {
+        None => 6379,
+        Some(p) => match p.parse::<u32>() {
+            Ok(n @ 1..=65535) => n as u16,
+            Ok(_) => return Err(bad(&format!("port {p} is out of range 1-65535"))),
+            Err(_) => return Err(bad(&format!("port {p:?} is not a number"))),
+        },
+    };
+    Ok((host, port))
+}
+
+fn parse_db(db: &str, bad: &dyn Fn(&str) -> ConfigError) -> Result<u32, ConfigError> {
+    db.parse::<u32>()
+        .map_err(|_| bad(&format!("database {db:?} is not a non-negative number")))
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Hides the password in a URL for error messages.
+fn mask(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let end = rest.find('/').unwrap_or(rest.len());
+    let masked = match rest[..end].rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    };
+    match masked.find("password=").or_else(|| masked.find("pass=")) {
+        Some(i) => {
+            let key_end = i + masked[i..].find('=').unwrap_or(0) + 1;
+            let val_end = masked[key_end..]
+                .find('&')
+                .map_or(masked.len(), |j| key_end + j);
+            format!("{}***{}", &masked[..key_end], &masked[val_end..])
+        }
+        None => masked,
+    }
+}
+
+/// Validated settings of a [`Redlock`] client.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The nodes, in the order given.
+    pub nodes: Vec<Endpoint>,
+    /// Longest a round may wait for replies; also bounds how long any one node can delay
+    /// a call.
+    pub node_timeout: Duration,
+    /// Longest a connection attempt may take before the node is marked down.
+    pub connect_timeout: Duration,
+    /// Extra attempts `lock` makes after the first fails.
+    pub retry_count: u32,
+    /// Mean delay between attempts.
+    pub retry_delay: Duration,
+    /// Each delay is drawn uniformly from `retry_delay ± retry_jitter`.
+    pub retry_jitter: Duration,
+    /// Clock drift allowance as a fraction of the ttl (plus 2 ms).
+    pub drift_factor: f64,
+    /// Longest wait before reconnecting to a failed node (the backoff doubles up to this).
+    pub max_backoff: Duration,
+    /// Bounds on what a server may send.
+    pub limits: Limits,
+}
+
+/// Builds a [`Redlock`]: set the nodes, optionally tune, then [`Builder::build`].
+///
+/// | setting | default |
+/// |---|---|
+/// | `node_timeout` | 50 ms |
+/// | `connect_timeout` | 1 s |
+/// | `retry_count` | 3 (so 4 attempts) |
+/// | `retry_delay` | 200 ms |
+/// | `retry_jitter` | 100 ms |
+/// | `drift_factor` | 0.01 |
+/// | `max_backoff` | 1 s |
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::Redlock;
+///
+/// let err = Redlock::builder()
+///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7001"])
+///     .build()
+///     .unwrap_err();
+/// assert!(err.to_string().contains("duplicate"));
+///
+/// let err = Redlock::builder()
+///     .nodes(["redis://127.0.0.1:7001"])
+///     .drift_factor(1.5)
+///     .build()
+///     .unwrap_err();
+/// assert!(err.to_string().contains("drift_factor"));
+/// ```
+#[derive(Clone, Debug)]
+pub struct Builder {
+    nodes: Vec<String>,
+    node_timeout: Duration,
+    connect_timeout: Duration,
+    retry_count: u32,
+    retry_delay: Duration,
+    retry_jitter: Duration,
+    drift_factor: f64,
+    max_backoff: Duration,
+    limits: Limits,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            nodes: Vec::new(),
+            node_timeout: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(1),
+            retry_count: 3,
+            retry_delay: Duration::from_millis(200),
+            retry_jitter: Duration::from_millis(100),
+            drift_factor: 0.01,
+            max_backoff: Duration::from_secs(1),
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl Builder {
+    /// The Redis masters, as URLs (see [`Endpoint`]). Replaces any earlier list.
+    pub fn nodes<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.nodes = urls.into_iter().map(|s| s.as_ref().to_string()).collect();
+        self
+    }
+
+    /// Adds one node.
+    pub fn node(mut self, url: impl AsRef<str>) -> Self {
+        self.nodes.push(url.as_ref().to_string());
+        self
+    }
+
+    /// Longest a round waits for replies (default 50 ms). Keep it small against the ttl.
+    pub fn node_timeout(mut self, d: Duration) -> Self {
+        self.node_timeout = d;
+        self
+    }
+
+    /// Longest a connection attempt may take (default 1 s). Attempts never block a call.
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// Extra attempts `lock` makes after a failed one (default 3).
+    pub fn retry_count(mut self, n: u32) -> Self {
+        self.retry_count = n;
+        self
+    }
+
+    /// Mean delay between attempts (default 200 ms).
+    pub fn retry_delay(mut self, d: Duration) -> Self {
+        self.retry_delay = d;
+        self
+    }
+
+    /// Random spread around `retry_delay` (default 100 ms); delays below zero are clamped
+    /// to zero.
+    pub fn retry_jitter(mut self, d: Duration) -> Self {
+        self.retry_jitter = d;
+        self
+    }
+
+    /// Clock drift allowance as a fraction of the ttl, in `[0, 1)` (default 0.01).
+    pub fn drift_factor(mut self, f: f64) -> Self {
+        self.drift_factor = f;
+        self
+    }
+
+    /// Cap on the reconnect backoff of a failed node (default 1 s).
+    pub fn max_backoff(mut self, d: Duration) -> Self {
+        self.max_backoff = d;
+        self
+    }
+
+    /// Bounds on server replies (defaults in [`Limits`]).
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Checks every setting, then opens connections without waiting for them.
+    ///
+    /// Fails only on invalid settings (a [`Error::Config`] naming the setting and
+    /// value), never because a node is down: unreachable nodes are retried as calls go on.
+    pub fn build(self) -> Result<Redlock, Error> {
+        Redlock::from_settings(self.settings()?)
+    }
+
+    /// Validates without connecting.
+    pub fn settings(self) -> Result<Settings, ConfigError> {
+        if self.nodes.is_empty() {
+            return Err(ConfigError::new(
+                "nodes",
+                "[]",
+                "at least one node is needed",
+            ));
+        }
+        let mut nodes: Vec<Endpoint> = Vec::with_capacity(self.nodes.len());
+        for (i, url) in self.nodes.iter().enumerate() {
+            let e = Endpoint::parse_as(&format!("nodes[{i}]"), url)?;
+            if let Some(j) = nodes.iter().position(|n| n.addr == e.addr && n.db == e.db) {
+                return Err(ConfigError::new(
+                    format!("nodes[{i}]"),
+                    mask(url),
+                    format!("duplicate of nodes[{j}]: each node must be a distinct server"),
+                ));
+            }
+            nodes.push(e);
+        }
+        for (name, d) in [
+            ("node_timeout", self.node_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("max_backoff", self.max_backoff),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::new(
+                    name,
+                    format!("{d:?}"),
+                    "must be greater than zero",
+                ));
+            }
+        }
+        if !(0.0..1.0).contains(&self.drift_factor) {
+            return Err(ConfigError::new(
+                "drift_factor",
+                self.drift_factor.to_string(),
+                "must be in [0, 1)",
+            ));
+        }
+        let l = self.limits;
+        if l.max_bulk_len < 64 || l.max_array_len < 1 || l.max_depth < 1 || l.max_line_len < 64 {
+            return Err(ConfigError::new(
+                "limits",
+                format!("{l:?}"),
+                "too small to read ordinary replies (max_bulk_len and max_line_len >= 64, others >= 1)",
+            ));
+        }
+        Ok(Settings {
+            nodes,
+            node_timeout: self.node_timeout,
+            connect_timeout: self.connect_timeout,
+            retry_count: self.retry_count,
+            retry_delay: self.retry_delay,
+            retry_jitter: self.retry_jitter,
+            drift_factor: self.drift_factor,
+            max_backoff: self.max_backoff,
+            limits: self.limits,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(url: &str) -> String {
+        Endpoint::parse(url).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn redis_urls_parse() {
+        let e = Endpoint::parse("redis://127.0.0.1").unwrap();
+        assert_eq!(e.addr, Address::Tcp("127.0.0.1:6379".parse().unwrap()));
+        let e = Endpoint::parse("redis://:p%40ss@127.0.0.1:7000/3").unwrap();
+        assert_eq!(
+            (e.user, e.password.as_deref(), e.db),
+            (None, Some("p@ss"), 3)
+        );
+        let e = Endpoint::parse("redis://bob:a@b@127.0.0.1:7000/").unwrap();
+        assert_eq!(
+            (e.user.as_deref(), e.password.as_deref()),
+            (Some("bob"), Some("a@b"))
+        );
+        let e = Endpoint::parse("redis://[::1]:7000").unwrap();
+        assert_eq!(e.addr, Address::Tcp("[::1]:7000".parse().unwrap()));
+        assert!(Endpoint::parse("redis://localhost:7000").is_ok());
+    }
+
+    #[test]
+    fn unix_urls_parse() {
+        let e = Endpoint::parse("unix:///tmp/r.sock?db=2&password=x%26y").unwrap();
+        assert_eq!(e.addr, Address::Unix("/tmp/r.sock".into()));
+        assert_eq!((e.db, e.password.as_deref()), (2, Some("x&y")));
+        let e = Endpoint::parse("unix://u:pw@/tmp/r.sock").unwrap();
+        assert_eq!(
+            (e.user.as_deref(), e.password.as_deref()),
+            (Some("u"), Some("pw"))
+        );
+        assert_eq!(e.to_string(), "unix://u:***@/tmp/r.sock");
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong() {
+        assert!(err("http://x").contains("scheme"));
+        assert!(err("rediss://127.0.0.1").contains("TLS"));
+        assert!(err("redis://127.0.0.1:0").contains("out of range"));
+        assert!(err("redis://127.0.0.1:65536").contains("out of range"));
+        assert!(err("redis://127.0.0.1:x").contains("not a number"));
+        assert!(err("redis://127.0.0.1:1/x").contains("database"));
+        assert!(err("redis://127.0.0.1:1/-1").contains("database"));
+        assert!(err("redis://:7000").contains("missing host"));
+        assert!(err("redis://user@127.0.0.1").contains("needs a password"));
+        assert!(err("unix://relative.sock").contains("absolute"));
+        assert!(err("unix:///tmp/s?db=x").contains("database"));
+        assert!(err("unix:///tmp/s?color=red").contains("unknown query"));
+        assert!(err("redis://[::1").contains("IPv6"));
+        assert!(err("redis://no-such-host.invalid:1").contains("resolve"));
+    }
+
+    #[test]
+    fn passwords_never_show_in_errors() {
+        assert!(!err("redis://u:hunter2@127.0.0.1:0").contains("hunter2"));
+        assert!(!err("unix:///tmp/s?password=hunter2&bogus=1").contains("hunter2"));
+    }
+
+    #[test]
+    fn settings_are_checked_before_connecting() {
+        let base =
+            || Builder::default().nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002"]);
+        assert!(base().settings().is_ok());
+        let e = Builder::default().settings().unwrap_err();
+        assert_eq!(e.setting, "nodes");
+        let e = base()
+            .node("redis://127.0.0.1:7001")
+            .settings()
+            .unwrap_err();
+        assert!(e.problem.contains("duplicate of nodes[0]"), "{e}");
+        assert_eq!(
+            base()
+                .node_timeout(Duration::ZERO)
+                .settings()
+                .unwrap_err()
+                .setting,
+            "node_timeout"
+        );
+        assert_eq!(
+            base()
+                .connect_timeout(Duration::ZERO)
+                .settings()
+                .unwrap_err()
+                .setting,
+            "connect_timeout"
+        );
+        assert_eq!(
+            base().drift_factor(1.0).settings().unwrap_err().setting,
+            "drift_factor"
+        );
+        assert_eq!(
+            base().drift_factor(-0.1).settings().unwrap_err().setting,
+            "drift_factor"
+        );
+        assert_eq!(
+            base()
+                .drift_factor(f64::NAN)
+                .settings()
+                .unwrap_err()
+                .setting,
+            "drift_factor"
+        );
+        // A jitter wider than the delay is clamped at zero, not refused.
+        assert!(
+            base()
+                .retry_jitter(Duration::from_secs(1))
+                .settings()
+                .is_ok()
+        );
+        let e = base()
+            .node("redis://127.0.0.1:99999")
+            .settings()
+            .unwrap_err();
+        assert_eq!(e.setting, "nodes[2]");
+    }
+}

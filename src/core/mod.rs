@@ -1,0 +1,22 @@
+//! The Redlock protocol as plain data and arithmetic: no sockets, no clock of its own.
+//!
+//! # Overview
+//!
+//! - [`quorum`]: how many nodes make a majority, clock drift, lock validity.
+//! - [`round`]: one round of one command on every node: replies in, an early decision
+//!   out, per resource ("slot") when several resources share the round.
+//! - [`command`]: the SET, release and extend commands as RESP bytes.
+//! - [`script`]: the compare-and-delete and compare-and-pexpire Lua scripts.
+//! - [`token`]: unique lock values.
+//!
+//! # Invariants
+//!
+//! Time comes in as `Instant` arguments; nothing here calls `Instant::now()`, touches a
+//! socket or sleeps, so every edge of the algorithm is an ordinary unit test. The I/O
+//! driver in `crate::driver` feeds these types and obeys their decisions.
+
+pub mod command;
+pub mod quorum;
+pub mod round;
+pub mod script;
+pub mod token;

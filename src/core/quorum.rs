@@ -1,0 +1,88 @@
+//! Quorum size, clock drift and lock validity (the arithmetic of the Redlock spec, step 3-4).
+
+use std::time::{Duration, Instant};
+
+/// The majority of `n` nodes: `n / 2 + 1`.
+///
+/// # Example
+///
+/// ```
+/// assert_eq!(quorumlock::core::quorum::quorum(5), 3);
+/// assert_eq!(quorumlock::core::quorum::quorum(4), 3);
+/// assert_eq!(quorumlock::core::quorum::quorum(1), 1);
+/// ```
+pub const fn quorum(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// The spec's allowance for clocks running at slightly different rates:
+/// `ttl × drift_factor + 2 ms`.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::core::quorum::drift;
+///
+/// assert_eq!(drift(Duration::from_secs(10), 0.01), Duration::from_millis(102));
+/// ```
+pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
+    // Whole microseconds: the factor is a float, the result must not be.
+    let scaled = (ttl.as_micros() as f64 * drift_factor) as u64;
+    Duration::from_micros(scaled) + Duration::from_millis(2)
+}
+
+/// When a lock taken at `start` with `ttl` stops being safe to rely on:
+/// `start + ttl − drift`. Validity at any later `now` is this deadline minus `now`, which
+/// is the spec's `ttl − elapsed − drift`.
+///
+/// Returns `None` when drift alone eats the whole ttl.
+pub fn deadline(start: Instant, ttl: Duration, drift_factor: f64) -> Option<Instant> {
+    let safe = ttl.checked_sub(drift(ttl, drift_factor))?;
+    if safe.is_zero() {
+        return None;
+    }
+    start.checked_add(safe)
+}
+
+/// Remaining validity at `now`, or `None` when the lock is no longer valid.
+pub fn validity(deadline: Instant, now: Instant) -> Option<Duration> {
+    deadline
+        .checked_duration_since(now)
+        .filter(|d| !d.is_zero())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validity_is_ttl_minus_elapsed_minus_drift() {
+        let start = Instant::now();
+        let ttl = Duration::from_millis(1000);
+        let end = deadline(start, ttl, 0.01).unwrap();
+        // drift = 10 ms + 2 ms
+        assert_eq!(end - start, Duration::from_millis(988));
+        let now = start + Duration::from_millis(88);
+        assert_eq!(validity(end, now), Some(Duration::from_millis(900)));
+        assert_eq!(validity(end, end), None);
+        assert_eq!(validity(end, end + Duration::from_millis(1)), None);
+    }
+
+    #[test]
+    fn a_ttl_no_longer_than_drift_is_never_valid() {
+        let start = Instant::now();
+        assert_eq!(deadline(start, Duration::from_millis(2), 0.0), None);
+        assert_eq!(deadline(start, Duration::from_millis(1), 0.5), None);
+        assert!(deadline(start, Duration::from_millis(3), 0.0).is_some());
+    }
+
+    #[test]
+    fn quorum_is_a_strict_majority() {
+        for n in 1..100 {
+            let q = quorum(n);
+            assert!(2 * q > n, "two quorums of {n} must overlap");
+            assert!(2 * (q - 1) <= n, "quorum of {n} is the smallest majority");
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! One round: one command sent to every node, for one or more resources ("slots"), and
+//! the votes that come back.
+//!
+//! # BE ADVISED
+//!
+//! A round is the whole safety argument of Redlock in miniature, so its rules are few
+//! and strict:
+//!
+//! - Each (slot, node) pair votes at most once. A vote is one of: yes (`Locked`,
+//!   `Released`), no (`Held`, `NotHeld`), or failed (`NoReply`, `Failed`). Later replies
+//!   for a decided pair are ignored.
+//! - Acquire and extend decide per slot as soon as the votes allow: `yes ≥ quorum` is
+//!   `Won`; `no > n − quorum` is `Taken` (others hold it: no quorum can exist);
+//!   `no + failed > n − quorum` is `Unavailable`. Waiting for the slow minority after
+//!   that would only add latency.
+//! - Release waits for every node that was asked (it reports how many deleted), and is
+//!   `Done` when none is pending.
+//! - [`Round::time_out`] turns every pending vote into `NoReply`, which decides every
+//!   slot. Nothing here reads a clock: the caller says when time is up.
+//!
+//! Changing a threshold here changes the mutual-exclusion guarantee; the tests at the
+//! bottom and `tests/sim.rs` pin them down.
+
+use crate::error::{NodeError, Outcome};
+use crate::resp::Reply;
+use std::time::Instant;
+
+use super::quorum::quorum;
+
+/// The command a round carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `SET key token NX PX ttl`.
+    Acquire,
+    /// Compare-and-pexpire script.
+    Extend,
+    /// Compare-and-delete script.
+    Release,
+}
+
+/// Where a slot stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Not decided yet.
+    Open,
+    /// A quorum said yes (acquire, extend).
+    Won,
+    /// So many nodes said no that no quorum is possible (acquire, extend).
+    Taken,
+    /// So many nodes failed or said no that no quorum is possible (acquire, extend).
+    Unavailable,
+    /// Every asked node answered or timed out (release).
+    Done,
+}
+
+/// How the driver should treat one reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reaction {
+    /// Count this outcome.
+    Vote(Outcome),
+    /// The server lost its script cache: send the script with `EVAL` and wait again.
+    NoScript,
+    /// The reply does not fit the command: count the failure and reset the connection,
+    /// since the stream can no longer be trusted to be in step.
+    Desync(&'static str),
+}
+
+/// Maps one reply to the command `kind` to what it means for the lock.
+///
+/// # Example
+///
+/// ```
+/// use quorumlock::core::round::{interpret, Kind, Reaction};
+/// use quorumlock::resp::Reply;
+/// use quorumlock::Outcome;
+///
+/// assert_eq!(interpret(Kind::Acquire, &Reply::Simple(b"OK")), Reaction::Vote(Outcome::Locked));
+/// assert_eq!(interpret(Kind::Acquire, &Reply::Bulk(None)), Reaction::Vote(Outcome::Held));
+/// assert_eq!(interpret(Kind::Release, &Reply::Error(b"NOSCRIPT No matching script")), Reaction::NoScript);
+/// ```
+pub fn interpret(kind: Kind, reply: &Reply<'_>) -> Reaction {
+    match (kind, reply) {
+        (_, Reply::Error(msg)) => {
+            if kind != Kind::Acquire && msg.starts_with(b"NOSCRIPT") {
+                Reaction::NoScript
+            } else {
+                Reaction::Vote(Outcome::Failed(NodeError::Server(
+                    String::from_utf8_lossy(msg).into_owned(),
+                )))
+            }
+        }
+        (Kind::Acquire, Reply::Simple(b"OK")) => Reaction::Vote(Outcome::Locked),
+        (Kind::Acquire, Reply::Bulk(None)) => Reaction::Vote(Outcome::Held),
+        (Kind::Acquire, _) => Reaction::Desync("SET NX answered with neither OK nor nil"),
+        (Kind::Extend, Reply::Integer(1)) => Reaction::Vote(Outcome::Locked),
+        (Kind::Extend, Reply::Integer(0)) => Reaction::Vote(Outcome::Held),
+        (Kind::Release, Reply::Integer(1)) => Reaction::Vote(Outcome::Released),
+        (Kind::Release, Reply::Integer(0)) => Reaction::Vote(Outcome::NotHeld),
+        (_, _) => Reaction::Desync("script answered with something other than 0 or 1"),
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    yes: u32,
+    no: u32,
+    failed: u32,
+    pending: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    tally: Tally,
+    decision: Decision,
+    decided_at: Option<Instant>,
+}
+
+/// The votes of one round. Reused from round to round without reallocating.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Instant;
+/// use quorumlock::core::round::{Decision, Kind, Round};
+/// use quorumlock::Outcome;
+///
+/// let now = Instant::now();
+/// let mut round = Round::default();
+/// round.begin(Kind::Acquire, 5, 1);
+/// round.record(0, 0, Outcome::Locked, now);
+/// round.record(3, 0, Outcome::Locked, now);
+/// assert_eq!(round.decision(0), Decision::Open);
+/// round.record(1, 0, Outcome::Locked, now);
+/// assert_eq!(round.decision(0), Decision::Won); // nodes 2 and 4 never needed
+/// assert!(round.is_done());
+/// ```
+#[derive(Debug, Default)]
+pub struct Round {
+    kind: Option<Kind>,
+    nodes: usize,
+    slots: Vec<Slot>,
+    // INVARIANT: votes.len() == slots.len() * nodes; votes[slot * nodes + node].
+    votes: Vec<Option<Outcome>>,
+    open: usize,
+}
+
+impl Round {
+    /// Starts a round of `kind` over `nodes` nodes for `slots` resources; every vote
+    /// pending.
+    pub fn begin(&mut self, kind: Kind, nodes: usize, slots: usize) {
+        self.kind = Some(kind);
+        self.nodes = nodes;
+        self.slots.clear();
+        self.slots.resize(
+            slots,
+            Slot {
+                tally: Tally {
+                    pending: nodes as u32,
+                    ..Tally::default()
+                },
+                decision: Decision::Open,
+                decided_at: None,
+            },
+        );
+        self.votes.clear();
+        self.votes.resize(slots * nodes, None);
+        self.open = slots;
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Nodes needed for a majority.
+    pub fn quorum(&self) -> usize {
+        quorum(self.nodes)
+    }
+
+    /// True once every slot is decided.
+    pub fn is_done(&self) -> bool {
+        self.open == 0
+    }
+
+    /// The decision for `slot`.
+    pub fn decision(&self, slot: usize) -> Decision {
+        self.slots[slot].decision
+    }
+
+    /// When `slot` was decided.
+    pub fn decided_at(&self, slot: usize) -> Option<Instant> {
+        self.slots[slot].decided_at
+    }
+
+    /// Yes votes for `slot` so far (locked, extended or released).
+    pub fn yes(&self, slot: usize) -> usize {
+        self.slots[slot].tally.yes as usize
+    }
+
+    /// Nodes that answered for `slot` (yes or no).
+    pub fn answered(&self, slot: usize) -> usize {
+        let t = self.slots[slot].tally;
+        (t.yes + t.no) as usize
+    }
+
+    /// Whether `node` still owes a vote for `slot`.
+    pub fn is_pending(&self, node: usize, slot: usize) -> bool {
+        self.votes[slot * self.nodes + node].is_none()
+    }
+
+    /// `node`'s vote for `slot`, if it has voted.
+    pub fn vote(&self, node: usize, slot: usize) -> Option<&Outcome> {
+        self.votes.get(slot * self.nodes + node)?.as_ref()
+    }
+
+    /// The votes for `slot`, by node; pending ones read as `NoReply`.
+    pub fn outcomes(&self, slot: usize) -> impl Iterator<Item = Outcome> + '_ {
+        self.votes[slot * self.nodes..(slot + 1) * self.nodes]
+            .iter()
+            .map(|v| v.clone().unwrap_or(Outcome::NoReply))
+    }
+
+    /// Records `node`'s vote for `slot`. A second vote for the same pair is ignored.
+    pub fn record(&mut self, node: usize, slot: usize, outcome: Outcome, now: Instant) {
+        let Some(vote) = self.votes.get_mut(slot * self.nodes + node) else {
+            return;
+        };
+        if vote.is_some() || node >= self.nodes {
+            return;
+        }
+        let t = &mut self.slots[slot].tally;
+        t.pending -= 1;
+        match outcome {
+            Outcome::Locked | Outcome::Released => t.yes += 1,
+            Outcome::Held | Outcome::NotHeld => t.no += 1,
+            Outcome::NoReply | Outcome::Failed(_) => t.failed += 1,
+        }
+        *vote = Some(outcome);
+        self.decide(slot, now);
+    }
+
+    /// Records a failure of `node` for every slot it still owes a vote.
+    pub fn fail_node(&mut self, node: usize, error: &NodeError, now: Instant) {
+        for slot in 0..self.slots.len() {
+            if self.is_pending(node, slot) {
+                self.record(node, slot, Outcome::Failed(error.clone()), now);
+            }
+        }
+    }
+
+    /// Time is up: every pending vote becomes `NoReply`, which decides every slot.
+    pub fn time_out(&mut self, now: Instant) {
+        for slot in 0..self.slots.len() {
+            for node in 0..self.nodes {
+                if self.is_pending(node, slot) {
+                    self.record(node, slot, Outcome::NoReply, now);
+                }
+            }
+        }
+    }
+
+    fn decide(&mut self, slot: usize, now: Instant) {
+        let q = quorum(self.nodes) as u32;
+        let spare = self.nodes as u32 - q;
+        let s = &mut self.slots[slot];
+        if s.decision != Decision::Open {
+            return;
+        }
+        let t = s.tally;
+        s.decision = match self.kind {
+            Some(Kind::Release) if t.pending == 0 => Decision::Done,
+            Some(Kind::Release) => return,
+            _ if t.yes >= q => Decision::Won,
+            _ if t.no > spare => Decision::Taken,
+            _ if t.no + t.failed > spare => Decision::Unavailable,
+            _ => return,
+        };
+        s.decided_at = Some(now);
+        self.open -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(kind: Kind, n: usize) -> (Round, Instant) {
+        let mut r = Round::default();
+        r.begin(kind, n, 1);
+        (r, Instant::now())
+    }
+
+    #[test]
+    fn acquire_wins_at_quorum_without_the_slow_minority() {
+        let (mut r, t) = round(Kind::Acquire, 5);
+        r.record(4, 0, Outcome::Locked, t);
+        r.record(2, 0, Outcome::Held, t);
+        r.record(0, 0, Outcome::Locked, t);
+        assert_eq!(r.decision(0), Decision::Open);
+        r.record(1, 0, Outcome::Locked, t);
+        assert_eq!(r.decision(0), Decision::Won);
+        assert!(r.is_done());
+    }
+
+    #[test]
+    fn acquire_is_taken_once_others_hold_a_blocking_minority() {
+        let (mut r, t) = round(Kind::Acquire, 5);
+        r.record(0, 0, Outcome::Held, t);
+        r.record(1, 0, Outcome::Held, t);
+        assert_eq!(r.decision(0), Decision::Open);
+        r.record(2, 0, Outcome::Held, t);
+        assert_eq!(r.decision(0), Decision::Taken);
+    }
+
+    #[test]
+    fn acquire_is_unavailable_when_failures_rule_out_quorum() {
+        let (mut r, t) = round(Kind::Acquire, 5);
+        r.fail_node(0, &NodeError::Closed, t);
+        r.record(1, 0, Outcome::Held, t);
+        assert_eq!(r.decision(0), Decision::Open);
+        r.record(2, 0, Outcome::NoReply, t);
+        assert_eq!(r.decision(0), Decision::Unavailable);
+    }
+
+    #[test]
+    fn a_late_vote_never_changes_a_decision() {
+        let (mut r, t) = round(Kind::Acquire, 3);
+        r.record(0, 0, Outcome::Held, t);
+        r.record(1, 0, Outcome::Held, t);
+        assert_eq!(r.decision(0), Decision::Taken);
+        r.record(2, 0, Outcome::Locked, t);
+        r.record(0, 0, Outcome::Locked, t);
+        assert_eq!(r.decision(0), Decision::Taken);
+        assert_eq!(r.yes(0), 1);
+    }
+
+    #[test]
+    fn release_waits_for_every_node_and_counts_deletions() {
+        let (mut r, t) = round(Kind::Release, 3);
+        r.record(0, 0, Outcome::Released, t);
+        r.record(1, 0, Outcome::NotHeld, t);
+        assert_eq!(r.decision(0), Decision::Open);
+        r.time_out(t);
+        assert_eq!(r.decision(0), Decision::Done);
+        assert_eq!((r.yes(0), r.answered(0)), (1, 2));
+        let outcomes: Vec<_> = r.outcomes(0).collect();
+        assert_eq!(
+            outcomes,
+            [Outcome::Released, Outcome::NotHeld, Outcome::NoReply]
+        );
+    }
+
+    #[test]
+    fn time_out_decides_every_slot() {
+        let mut r = Round::default();
+        r.begin(Kind::Acquire, 5, 3);
+        let t = Instant::now();
+        for node in 0..3 {
+            r.record(node, 0, Outcome::Locked, t);
+            r.record(node, 1, Outcome::Held, t);
+        }
+        r.record(0, 2, Outcome::Locked, t);
+        assert_eq!(
+            (r.decision(0), r.decision(1), r.decision(2)),
+            (Decision::Won, Decision::Taken, Decision::Open)
+        );
+        r.time_out(t);
+        assert_eq!(r.decision(2), Decision::Unavailable);
+        assert!(r.is_done());
+    }
+
+    #[test]
+    fn every_vote_combination_respects_the_majority_rule() {
+        // Exhaustive over 5 nodes × 4 kinds of vote: never Won without a majority of yes,
+        // never Taken without a blocking minority of no, always decided when all voted.
+        let kinds = [
+            Outcome::Locked,
+            Outcome::Held,
+            Outcome::NoReply,
+            Outcome::Failed(NodeError::Closed),
+        ];
+        for code in 0..4usize.pow(5) {
+            let (mut r, t) = round(Kind::Acquire, 5);
+            let mut c = code;
+            let (mut yes, mut no) = (0, 0);
+            for node in 0..5 {
+                let o = kinds[c % 4].clone();
+                c /= 4;
+                yes += usize::from(o == Outcome::Locked);
+                no += usize::from(o == Outcome::Held);
+                r.record(node, 0, o, t);
+            }
+            let d = r.decision(0);
+            assert_eq!(d == Decision::Won, yes >= 3, "votes {code:#x}");
+            // Which loss is reported depends on arrival order, but Taken needs a real
+            // blocking minority of other holders, and a round with every vote in is decided.
+            if d == Decision::Taken {
+                assert!(no >= 3, "votes {code:#x}");
+            }
+            assert_ne!(d, Decision::Open, "votes {code:#x}");
+        }
+    }
+
+    #[test]
+    fn interpret_maps_replies_and_flags_desync() {
+        assert_eq!(
+            interpret(Kind::Acquire, &Reply::Integer(1)),
+            Reaction::Desync("SET NX answered with neither OK nor nil")
+        );
+        assert_eq!(
+            interpret(Kind::Extend, &Reply::Integer(1)),
+            Reaction::Vote(Outcome::Locked)
+        );
+        assert_eq!(
+            interpret(Kind::Extend, &Reply::Integer(0)),
+            Reaction::Vote(Outcome::Held)
+        );
+        assert_eq!(
+            interpret(Kind::Release, &Reply::Integer(0)),
+            Reaction::Vote(Outcome::NotHeld)
+        );
+        assert!(matches!(
+            interpret(Kind::Release, &Reply::Integer(7)),
+            Reaction::Desync(_)
+        ));
+        assert!(matches!(
+            interpret(Kind::Acquire, &Reply::Error(b"NOSCRIPT x")),
+            Reaction::Vote(Outcome::Failed(_))
+        ));
+        assert!(matches!(
+            interpret(Kind::Extend, &Reply::Error(b"OOM")),
+            Reaction::Vote(Outcome::Failed(NodeError::Server(_)))
+        ));
+    }
+}

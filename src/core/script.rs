@@ -1,0 +1,81 @@
+//! The Lua scripts that make release and extend safe: they act only on a key whose value
+//! is the caller's token, atomically on the server.
+//!
+//! The SHA1 digests are fixed constants (the crate takes no hashing dependency); the
+//! live-server tests check them against `SCRIPT LOAD`, and the unit test below checks them
+//! against an independent SHA1.
+
+/// Deletes `KEYS[1]` only if its value is `ARGV[1]`. Returns 1 if deleted, else 0.
+pub const RELEASE: &[u8] =
+    br#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+
+/// SHA1 of [`RELEASE`], for `EVALSHA`.
+pub const RELEASE_SHA: &[u8] = b"b70c2384248f88e6b75b9f89241a180f856ad852";
+
+/// Sets the expiry of `KEYS[1]` to `ARGV[2]` ms only if its value is `ARGV[1]`.
+/// Returns 1 if extended, else 0.
+pub const EXTEND: &[u8] = br#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("pexpire",KEYS[1],ARGV[2]) else return 0 end"#;
+
+/// SHA1 of [`EXTEND`], for `EVALSHA`.
+pub const EXTEND_SHA: &[u8] = b"36e94d1c6e02fcefaa7ee5d79eee614dbac55f10";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plain SHA1 (FIPS 180-4), here only to check the constants above.
+    fn sha1_hex(data: &[u8]) -> String {
+        let mut h: [u32; 5] = [0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476, 0xC3D2E1F0];
+        let mut msg = data.to_vec();
+        msg.push(0x80);
+        while msg.len() % 64 != 56 {
+            msg.push(0);
+        }
+        msg.extend_from_slice(&((data.len() as u64) * 8).to_be_bytes());
+        for block in msg.chunks(64) {
+            let mut w = [0u32; 80];
+            for i in 0..16 {
+                w[i] = u32::from_be_bytes([
+                    block[4 * i],
+                    block[4 * i + 1],
+                    block[4 * i + 2],
+                    block[4 * i + 3],
+                ]);
+            }
+            for i in 16..80 {
+                w[i] = (w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16]).rotate_left(1);
+            }
+            let [mut a, mut b, mut c, mut d, mut e] = h;
+            for (i, wi) in w.iter().enumerate() {
+                let (f, k) = match i {
+                    0..=19 => ((b & c) | (!b & d), 0x5A827999),
+                    20..=39 => (b ^ c ^ d, 0x6ED9EBA1),
+                    40..=59 => ((b & c) | (b & d) | (c & d), 0x8F1BBCDC),
+                    _ => (b ^ c ^ d, 0xCA62C1D6),
+                };
+                let t = a
+                    .rotate_left(5)
+                    .wrapping_add(f)
+                    .wrapping_add(e)
+                    .wrapping_add(k)
+                    .wrapping_add(*wi);
+                e = d;
+                d = c;
+                c = b.rotate_left(30);
+                b = a;
+                a = t;
+            }
+            for (x, y) in h.iter_mut().zip([a, b, c, d, e]) {
+                *x = x.wrapping_add(y);
+            }
+        }
+        h.iter().map(|x| format!("{x:08x}")).collect()
+    }
+
+    #[test]
+    fn digests_match_the_scripts() {
+        assert_eq!(sha1_hex(b"abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
+        assert_eq!(sha1_hex(RELEASE).as_bytes(), RELEASE_SHA);
+        assert_eq!(sha1_hex(EXTEND).as_bytes(), EXTEND_SHA);
+    }
+}

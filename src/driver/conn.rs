@@ -1,0 +1,383 @@
+//! One non-blocking connection to one node: connect, handshake, buffers, and the FIFO of
+//! replies it is owed.
+//!
+//! # Invariants
+//!
+//! - `pending` lists, oldest first, one entry per command written (or queued) and not yet
+//!   answered. Redis answers a connection's commands in order, so the front entry always
+//!   names the next reply; a reply with no entry is a protocol violation.
+//! - `inbox[head..tail]` holds received bytes not yet parsed; `head <= tail <= inbox.len()`.
+//!   It grows only while a single reply is larger than it, up to `max_reply`.
+//! - `outbox` holds bytes not yet accepted by the kernel. It is empty on the hot path: a
+//!   command is written straight from the caller's buffer and copied only on a short
+//!   write.
+//! - When a connection fails it is dropped whole: buffers and `pending` are cleared, so no
+//!   stale reply can ever be matched to a later command.
+
+use crate::config::{Address, Endpoint};
+use crate::core::round::Kind;
+use crate::error::NodeError;
+use crate::resp::encode::command;
+use crate::resp::{Limits, ProtocolError, Reply, decode};
+use bytes::{Buf, BytesMut};
+use mio::net::{TcpStream, UnixStream};
+use mio::{Interest, Registry, Token};
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::time::{Duration, Instant};
+
+/// Unsent bytes allowed before a node that does not read is cut off.
+const MAX_OUTBOX: usize = 1 << 20;
+/// Outstanding replies allowed before a node that does not answer is cut off.
+const MAX_PENDING: usize = 1 << 16;
+/// First read buffer size; enough for thousands of pipelined lock replies.
+const INBOX: usize = 16 * 1024;
+
+/// What a queued reply belongs to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Expect {
+    /// The round that counts this reply; 0 for replies nobody waits for.
+    pub round: u64,
+    /// Which resource of the round.
+    pub slot: u32,
+    /// The command it answers; `None` for the AUTH/SELECT handshake.
+    pub kind: Option<Kind>,
+    /// When the command was queued, to tell a lagging node.
+    pub sent_at: Instant,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum State {
+    Down,
+    Connecting,
+    Ready,
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn as_source(&mut self) -> &mut dyn mio::event::Source {
+        match self {
+            Stream::Tcp(s) => s,
+            Stream::Unix(s) => s,
+        }
+    }
+}
+
+pub(crate) struct NodeConn {
+    pub endpoint: Endpoint,
+    token: Token,
+    pub state: State,
+    stream: Option<Stream>,
+    outbox: BytesMut,
+    inbox: Vec<u8>,
+    // INVARIANT: head <= tail <= inbox.len()
+    head: usize,
+    tail: usize,
+    pub pending: VecDeque<Expect>,
+    backoff: Duration,
+    retry_at: Instant,
+    connect_started: Instant,
+    last_error: Option<NodeError>,
+}
+
+impl NodeConn {
+    pub fn new(endpoint: Endpoint, index: usize, now: Instant) -> NodeConn {
+        NodeConn {
+            endpoint,
+            token: Token(index),
+            state: State::Down,
+            stream: None,
+            outbox: BytesMut::new(),
+            inbox: vec![0; INBOX],
+            head: 0,
+            tail: 0,
+            pending: VecDeque::new(),
+            backoff: Duration::ZERO,
+            retry_at: now,
+            connect_started: now,
+            last_error: None,
+        }
+    }
+
+    /// Starts a reconnect when the backoff has passed; gives up on a connect that takes
+    /// too long. Never blocks.
+    pub fn maintain(
+        &mut self,
+        registry: &Registry,
+        now: Instant,
+        connect_timeout: Duration,
+        max_backoff: Duration,
+    ) {
+        match self.state {
+            State::Down if now >= self.retry_at => self.connect(registry, now, max_backoff),
+            State::Connecting if now.duration_since(self.connect_started) > connect_timeout => {
+                self.fail(registry, NodeError::ConnectTimeout, now, max_backoff)
+            }
+            _ => {}
+        }
+    }
+
+    /// Why the node is down, for reports.
+    pub fn down_error(&self) -> NodeError {
+        NodeError::Down(Box::new(
+            self.last_error.clone().unwrap_or(NodeError::Closed),
+        ))
+    }
+
+    /// True when the node owes a reply older than `node_timeout`: frozen, partitioned
+    /// or badly overloaded. Such a node is not waited for until it catches up.
+    pub fn is_lagging(&self, now: Instant, node_timeout: Duration) -> bool {
+        self.pending
+            .front()
+            .is_some_and(|e| now.saturating_duration_since(e.sent_at) > node_timeout)
+    }
+
+    /// Reconnects at once, ignoring the backoff (for a connection found stale).
+    pub fn reconnect_now(&mut self, registry: &Registry, now: Instant, max_backoff: Duration) {
+        if self.state == State::Down {
+            self.connect(registry, now, max_backoff);
+        }
+    }
+
+    fn connect(&mut self, registry: &Registry, now: Instant, max_backoff: Duration) {
+        let stream = match &self.endpoint.addr {
+            Address::Tcp(addr) => TcpStream::connect(*addr).and_then(|s| {
+                // Lock commands are tiny and latency-bound: never let Nagle hold them.
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }),
+            Address::Unix(path) => UnixStream::connect(path).map(Stream::Unix),
+        };
+        let mut stream = match stream {
+            Ok(s) => s,
+            Err(e) => return self.fail(registry, e.into(), now, max_backoff),
+        };
+        // Both interests for the connection's whole life: edge-triggered writable events
+        // only fire after a full buffer drains, so this costs nothing, and it saves an
+        // epoll_ctl per short write.
+        if let Err(e) = registry.register(
+            stream.as_source(),
+            self.token,
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            return self.fail(registry, e.into(), now, max_backoff);
+        }
+        self.stream = Some(stream);
+        self.state = State::Connecting;
+        self.connect_started = now;
+        // The handshake goes first in the outbox; commands queue behind it.
+        let (user, password) = (self.endpoint.user.clone(), self.endpoint.password.clone());
+        if let Some(pw) = password {
+            match &user {
+                Some(u) => command(&mut self.outbox, &[b"AUTH", u.as_bytes(), pw.as_bytes()]),
+                None => command(&mut self.outbox, &[b"AUTH", pw.as_bytes()]),
+            }
+            self.expect_handshake(now);
+        }
+        if self.endpoint.db != 0 {
+            let db = self.endpoint.db.to_string();
+            command(&mut self.outbox, &[b"SELECT", db.as_bytes()]);
+            self.expect_handshake(now);
+        }
+    }
+
+    fn expect_handshake(&mut self, now: Instant) {
+        self.pending.push_back(Expect {
+            round: 0,
+            slot: 0,
+            kind: None,
+            sent_at: now,
+        });
+    }
+
+    /// After an event on a connecting socket: `Ok(true)` once connected.
+    pub fn finish_connect(&mut self) -> Result<bool, NodeError> {
+        match &self.stream {
+            Some(Stream::Tcp(s)) => {
+                if let Some(e) = s.take_error()? {
+                    return Err(e.into());
+                }
+                match s.peer_addr() {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotConnected => return Ok(false),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Some(Stream::Unix(s)) => {
+                if let Some(e) = s.take_error()? {
+                    return Err(e.into());
+                }
+            }
+            None => return Err(NodeError::Closed),
+        }
+        self.state = State::Ready;
+        self.flush()?;
+        Ok(true)
+    }
+
+    /// Queues a command whose reply is awaited as `expect`, and writes it at once if the
+    /// connection is idle.
+    pub fn send(&mut self, bytes: &[u8], expect: Expect, count: usize) -> Result<(), NodeError> {
+        if self.pending.len() + count > MAX_PENDING {
+            return Err(NodeError::Backlog);
+        }
+        for slot in 0..count {
+            self.pending.push_back(Expect {
+                slot: slot as u32,
+                ..expect
+            });
+        }
+        let mut rest = bytes;
+        if self.state == State::Ready && self.outbox.is_empty() {
+            let n = write_to(&mut self.stream, rest)?;
+            rest = &rest[n..];
+        }
+        if rest.is_empty() {
+            return Ok(());
+        }
+        if self.outbox.len() + rest.len() > MAX_OUTBOX {
+            return Err(NodeError::Backlog);
+        }
+        self.outbox.extend_from_slice(rest);
+        Ok(())
+    }
+
+    /// Writes as much of the outbox as the kernel takes.
+    pub fn flush(&mut self) -> Result<(), NodeError> {
+        while self.state == State::Ready && !self.outbox.is_empty() {
+            let n = write_to(&mut self.stream, &self.outbox)?;
+            if n == 0 {
+                break;
+            }
+            self.outbox.advance(n);
+        }
+        Ok(())
+    }
+
+    /// Reads what the socket has. `Ok(true)` means the peer closed after what was read.
+    ///
+    /// A read that returns less than the free space means the socket was drained at that
+    /// moment, and any later byte raises a new edge: that saves the extra `read` that
+    /// would only return `WouldBlock`.
+    pub fn read(&mut self, limits: &Limits) -> Result<bool, NodeError> {
+        loop {
+            if self.tail == self.inbox.len() {
+                self.make_room(limits)?;
+            }
+            let buf = &mut self.inbox[self.tail..];
+            let free = buf.len();
+            let r = match &mut self.stream {
+                Some(Stream::Tcp(s)) => s.read(buf),
+                Some(Stream::Unix(s)) => s.read(buf),
+                None => return Err(NodeError::Closed),
+            };
+            match r {
+                Ok(0) => return Ok(true),
+                Ok(n) => {
+                    self.tail += n;
+                    if n < free {
+                        return Ok(false);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Frees space at the end of the inbox: slide unparsed bytes to the front, or grow
+    /// when one unparsed reply already fills it (never past what the limits allow).
+    fn make_room(&mut self, limits: &Limits) -> Result<(), NodeError> {
+        if self.head > 0 {
+            self.inbox.copy_within(self.head..self.tail, 0);
+            self.tail -= self.head;
+            self.head = 0;
+            return Ok(());
+        }
+        // The largest reply worth buffering: one bulk string at the limit plus framing.
+        let cap = limits
+            .max_bulk_len
+            .max(limits.max_line_len)
+            .saturating_add(64)
+            .max(INBOX);
+        if self.inbox.len() >= cap {
+            return Err(NodeError::Protocol(ProtocolError::BulkTooLong));
+        }
+        let grown = (self.inbox.len() * 2).min(cap);
+        self.inbox.resize(grown, 0);
+        Ok(())
+    }
+
+    /// The next complete reply in the inbox and its length, without consuming it.
+    pub fn peek(&self, limits: &Limits) -> Result<Option<(Reply<'_>, usize)>, ProtocolError> {
+        decode(&self.inbox[self.head..self.tail], limits)
+    }
+
+    /// Drops a parsed reply from the inbox and its entry from `pending`.
+    pub fn consume(&mut self, used: usize) {
+        self.head += used;
+        if self.head == self.tail {
+            self.head = 0;
+            self.tail = 0;
+        }
+        self.pending.pop_front();
+        // A node that answers is healthy again: the next failure reconnects at once.
+        self.backoff = Duration::ZERO;
+    }
+
+    /// Drops the connection and everything queued on it; reconnects after the backoff.
+    pub fn fail(
+        &mut self,
+        registry: &Registry,
+        error: NodeError,
+        now: Instant,
+        max_backoff: Duration,
+    ) {
+        if let Some(mut s) = self.stream.take() {
+            let _ = registry.deregister(s.as_source());
+        }
+        self.state = State::Down;
+        self.outbox.clear();
+        self.head = 0;
+        self.tail = 0;
+        self.pending.clear();
+        self.last_error = Some(error);
+        self.retry_at = now + self.backoff;
+        self.backoff = if self.backoff.is_zero() {
+            Duration::from_millis(10).min(max_backoff)
+        } else {
+            (self.backoff * 2).min(max_backoff)
+        };
+    }
+
+    /// Bytes buffered for reading and writing (for memory checks).
+    pub fn buffered(&self) -> (usize, usize, usize) {
+        (
+            self.inbox.len(),
+            self.outbox.capacity(),
+            self.pending.capacity(),
+        )
+    }
+}
+
+/// One write; `Ok(0)` when the kernel buffer is full.
+fn write_to(stream: &mut Option<Stream>, bytes: &[u8]) -> Result<usize, NodeError> {
+    loop {
+        let r = match stream {
+            Some(Stream::Tcp(s)) => s.write(bytes),
+            Some(Stream::Unix(s)) => s.write(bytes),
+            None => return Err(NodeError::Closed),
+        };
+        match r {
+            Ok(n) => return Ok(n),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,400 @@
+//! The only I/O in the crate: one mio `Poll` over every node's socket.
+//!
+//! # Overview
+//!
+//! A round ([`Driver::run`]) encodes its command once, writes it to every node straight
+//! away ("poor man's multiplexing": no waiting for writability first), then waits on the
+//! `Poll` and feeds each reply to the [`Round`], returning the moment the round has
+//! decided every slot or `node_timeout` has passed.
+//!
+//! # Invariants
+//!
+//! - A round never outlives `node_timeout`; connecting, reconnecting and handshakes
+//!   never block: a node that is not ready just votes "failed".
+//! - Replies are matched through each connection's FIFO of expected replies, tagged with
+//!   the round they belong to; replies of earlier rounds are read and discarded, never
+//!   counted in a later one.
+//! - A node that still owes replies older than `node_timeout` is "lagging": it is not
+//!   sent new lock or extend commands and not waited for, so a frozen minority costs
+//!   nothing once it has been seen to lag.
+//! - A connection that was idle when a round began and turns out closed (server timeout,
+//!   `CLIENT KILL`, restart) is reopened and the command resent once, within the round.
+
+pub(crate) mod conn;
+
+use crate::config::Settings;
+use crate::core::command;
+use crate::core::round::{Kind, Reaction, Round, interpret};
+use crate::core::token::Token;
+use crate::error::{NodeError, Outcome};
+use crate::resp::{Limits, Reply};
+use bytes::BytesMut;
+use conn::{Expect, NodeConn, State};
+use mio::{Events, Poll};
+use std::io;
+use std::time::{Duration, Instant};
+
+/// One resource of a request.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Item<'a> {
+    pub key: &'a [u8],
+    pub token: Token,
+}
+
+/// What a round sends.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Request<'a> {
+    pub kind: Kind,
+    pub ttl_ms: i64,
+    pub items: &'a [Item<'a>],
+}
+
+/// The round in progress, while events are dispatched.
+struct Active<'r> {
+    round: &'r mut Round,
+    req: &'r Request<'r>,
+}
+
+pub(crate) struct Driver {
+    poll: Poll,
+    events: Events,
+    pub conns: Vec<NodeConn>,
+    /// The current round's commands, encoded once for every node.
+    cmd: BytesMut,
+    /// Scratch for per-node extras: EVAL after NOSCRIPT, releases after a lost attempt.
+    extra: BytesMut,
+    /// Round ids start at 1; 0 tags replies that no round waits for.
+    round_id: u64,
+    /// Per node: idle when this round began and not yet resent, so a closed
+    /// connection may be reopened once within the round.
+    may_resend: Vec<bool>,
+    node_timeout: Duration,
+    connect_timeout: Duration,
+    max_backoff: Duration,
+    limits: Limits,
+}
+
+impl Driver {
+    pub fn new(settings: &Settings) -> io::Result<Driver> {
+        let now = Instant::now();
+        let mut driver = Driver {
+            poll: Poll::new()?,
+            events: Events::with_capacity(64.max(2 * settings.nodes.len())),
+            conns: settings
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(i, e)| NodeConn::new(e.clone(), i, now))
+                .collect(),
+            cmd: BytesMut::with_capacity(512),
+            extra: BytesMut::with_capacity(512),
+            round_id: 0,
+            may_resend: vec![false; settings.nodes.len()],
+            node_timeout: settings.node_timeout,
+            connect_timeout: settings.connect_timeout,
+            max_backoff: settings.max_backoff,
+            limits: settings.limits,
+        };
+        // Start connecting now, so the first call finds connections ready.
+        for conn in &mut driver.conns {
+            conn.maintain(
+                driver.poll.registry(),
+                now,
+                driver.connect_timeout,
+                driver.max_backoff,
+            );
+        }
+        Ok(driver)
+    }
+
+    /// Runs one round of `req` on every node; returns when `round` has decided every slot
+    /// or `node_timeout` has passed. Returns the instant the round started.
+    pub fn run(&mut self, round: &mut Round, req: &Request<'_>) -> Instant {
+        let start = Instant::now();
+        self.round_id += 1;
+        round.begin(req.kind, self.conns.len(), req.items.len());
+        self.cmd.clear();
+        for item in req.items {
+            encode(&mut self.cmd, req.kind, item, req.ttl_ms, true);
+        }
+        let mut active = Active { round, req };
+        for node in 0..self.conns.len() {
+            self.start_node(node, &mut active, start);
+        }
+        let deadline = start + self.node_timeout;
+        let mut now = start;
+        while !active.round.is_done() {
+            if now >= deadline {
+                active.round.time_out(now);
+                break;
+            }
+            now = self.poll_once(deadline - now, Some(&mut active));
+        }
+        start
+    }
+
+    /// Sends the round's command to one node, or records why it cannot take part.
+    fn start_node(&mut self, node: usize, active: &mut Active<'_>, now: Instant) {
+        let conn = &mut self.conns[node];
+        conn.maintain(
+            self.poll.registry(),
+            now,
+            self.connect_timeout,
+            self.max_backoff,
+        );
+        if conn.state == State::Down {
+            active.round.fail_node(node, &conn.down_error(), now);
+            return;
+        }
+        let mut round_id = self.round_id;
+        if conn.is_lagging(now, self.node_timeout) {
+            active.round.fail_node(node, &NodeError::Lagging, now);
+            if active.req.kind != Kind::Release {
+                return;
+            }
+            // A release still goes out (it queues behind the lock command it undoes), but
+            // nobody waits for its reply.
+            round_id = 0;
+        }
+        self.may_resend[node] = conn.pending.is_empty();
+        let expect = Expect {
+            round: round_id,
+            slot: 0,
+            kind: Some(active.req.kind),
+            sent_at: now,
+        };
+        if let Err(e) = conn.send(&self.cmd, expect, active.req.items.len()) {
+            self.fail_conn(node, e, Some(active), now);
+        }
+    }
+
+    /// Waits for events at most `timeout` and handles them; returns the time after the wait.
+    fn poll_once(&mut self, timeout: Duration, mut active: Option<&mut Active<'_>>) -> Instant {
+        let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
+        let polled = self.poll.poll(&mut events, Some(timeout));
+        let now = Instant::now();
+        if polled.is_ok() {
+            for ev in events.iter() {
+                let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
+                self.on_event(ev.token().0, readable, active.as_deref_mut(), now);
+            }
+        }
+        // An interrupted or failed wait just loops again; the round's deadline bounds it.
+        self.events = events;
+        now
+    }
+
+    fn on_event(
+        &mut self,
+        node: usize,
+        readable: bool,
+        active: Option<&mut Active<'_>>,
+        now: Instant,
+    ) {
+        let Some(conn) = self.conns.get_mut(node) else {
+            return;
+        };
+        if conn.state == State::Down {
+            return; // an event for a socket already dropped
+        }
+        if conn.state == State::Connecting {
+            match conn.finish_connect() {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(e) => return self.fail_conn(node, e, active, now),
+            }
+        }
+        if let Err(e) = conn.flush() {
+            return self.fail_conn(node, e, active, now);
+        }
+        if !readable {
+            return;
+        }
+        match conn.read(&self.limits) {
+            Ok(closed) => {
+                let mut active = active;
+                self.dispatch(node, active.as_deref_mut(), now);
+                if closed && self.conns[node].state != State::Down {
+                    self.fail_conn(node, NodeError::Closed, active, now);
+                }
+            }
+            Err(e) => self.fail_conn(node, e, active, now),
+        }
+    }
+
+    /// Feeds every complete reply in `node`'s inbox to whoever waits for it.
+    fn dispatch(&mut self, node: usize, mut active: Option<&mut Active<'_>>, now: Instant) {
+        loop {
+            let conn = &mut self.conns[node];
+            if conn.state != State::Ready {
+                return;
+            }
+            let (expect, reaction) = match conn.peek(&self.limits) {
+                Ok(None) => return,
+                Err(e) => return self.fail_conn(node, NodeError::Protocol(e), active, now),
+                Ok(Some((reply, used))) => {
+                    let Some(expect) = conn.pending.front().copied() else {
+                        let e = NodeError::UnexpectedReply("a reply nobody asked for");
+                        return self.fail_conn(node, e, active, now);
+                    };
+                    let reaction = match expect.kind {
+                        Some(kind) => interpret(kind, &reply),
+                        None => match reply {
+                            Reply::Simple(_) => Reaction::Vote(Outcome::Locked),
+                            Reply::Error(msg) => Reaction::Vote(Outcome::Failed(
+                                NodeError::Handshake(String::from_utf8_lossy(msg).into_owned()),
+                            )),
+                            _ => Reaction::Desync(
+                                "AUTH/SELECT answered with something other than a status",
+                            ),
+                        },
+                    };
+                    conn.consume(used);
+                    (expect, reaction)
+                }
+            };
+            let current = expect.round == self.round_id && expect.kind.is_some();
+            match reaction {
+                Reaction::Vote(Outcome::Failed(e @ NodeError::Handshake(_))) => {
+                    return self.fail_conn(node, e, active, now);
+                }
+                Reaction::Vote(outcome) => {
+                    if let Some(a) = active.as_deref_mut().filter(|_| current) {
+                        a.round.record(node, expect.slot as usize, outcome, now);
+                    }
+                }
+                Reaction::NoScript => {
+                    // The server lost its script cache (restart, SCRIPT FLUSH): send the
+                    // script itself, once, in this same round.
+                    let Some(a) = active.as_deref_mut().filter(|_| current) else {
+                        continue;
+                    };
+                    let Some(item) = a.req.items.get(expect.slot as usize) else {
+                        continue;
+                    };
+                    self.extra.clear();
+                    encode(&mut self.extra, a.req.kind, item, a.req.ttl_ms, false);
+                    if let Err(e) = self.conns[node].send(&self.extra, expect, 1) {
+                        return self.fail_conn(node, e, active, now);
+                    }
+                }
+                Reaction::Desync(what) => {
+                    if let Some(a) = active.as_deref_mut().filter(|_| current) {
+                        let e = NodeError::UnexpectedReply(what);
+                        a.round
+                            .record(node, expect.slot as usize, Outcome::Failed(e), now);
+                    }
+                    return self.fail_conn(node, NodeError::UnexpectedReply(what), active, now);
+                }
+            }
+        }
+    }
+
+    /// Drops `node`'s connection. Within a round, a connection that was idle before the
+    /// round and was found closed is reopened and the command resent once; otherwise the
+    /// node's open votes fail.
+    fn fail_conn(
+        &mut self,
+        node: usize,
+        error: NodeError,
+        active: Option<&mut Active<'_>>,
+        now: Instant,
+    ) {
+        let stale = matches!(error, NodeError::Closed | NodeError::Io(..));
+        let resend = std::mem::take(&mut self.may_resend[node]) && stale;
+        let conn = &mut self.conns[node];
+        conn.fail(self.poll.registry(), error.clone(), now, self.max_backoff);
+        let Some(active) = active else {
+            return;
+        };
+        if resend {
+            conn.reconnect_now(self.poll.registry(), now, self.max_backoff);
+            if conn.state != State::Down {
+                let expect = Expect {
+                    round: self.round_id,
+                    slot: 0,
+                    kind: Some(active.req.kind),
+                    sent_at: now,
+                };
+                if conn.send(&self.cmd, expect, active.req.items.len()).is_ok() {
+                    return;
+                }
+                conn.fail(
+                    self.poll.registry(),
+                    NodeError::Backlog,
+                    now,
+                    self.max_backoff,
+                );
+            }
+        }
+        active.round.fail_node(node, &error, now);
+    }
+
+    /// Waits until `until`, reading (and discarding) late replies meanwhile.
+    pub fn idle(&mut self, until: Instant) {
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            self.poll_once(until - now, None);
+        }
+    }
+
+    /// Fire-and-forget compare-and-delete of `lost` slots on every node that may hold them
+    /// (after an attempt that did not win). Uses EVAL, not EVALSHA: no reply is read, so
+    /// a NOSCRIPT could not be answered.
+    pub fn release_lost(&mut self, round: &Round, items: &[Item<'_>], lost: &[usize]) {
+        if lost.is_empty() {
+            return;
+        }
+        self.extra.clear();
+        for &slot in lost {
+            encode(&mut self.extra, Kind::Release, &items[slot], 0, false);
+        }
+        let now = Instant::now();
+        for node in 0..self.conns.len() {
+            // A node that answered nil or an error reply certainly did not set the key.
+            let may_hold = lost.iter().any(|&slot| {
+                !matches!(
+                    round.vote(node, slot),
+                    Some(Outcome::Held) | Some(Outcome::Failed(NodeError::Server(_)))
+                )
+            });
+            let conn = &mut self.conns[node];
+            if !may_hold || conn.state == State::Down {
+                continue;
+            }
+            let expect = Expect {
+                round: 0,
+                slot: 0,
+                kind: Some(Kind::Release),
+                sent_at: now,
+            };
+            if let Err(e) = conn.send(&self.extra, expect, lost.len()) {
+                conn.fail(self.poll.registry(), e, now, self.max_backoff);
+            }
+        }
+    }
+
+    /// Sum of buffer capacities over all nodes (for tests of bounded memory).
+    pub fn buffered(&self) -> usize {
+        self.conns
+            .iter()
+            .map(|c| {
+                let (a, b, c) = c.buffered();
+                a + b + c
+            })
+            .sum::<usize>()
+            + self.cmd.capacity()
+            + self.extra.capacity()
+    }
+}
+
+fn encode(out: &mut BytesMut, kind: Kind, item: &Item<'_>, ttl_ms: i64, by_sha: bool) {
+    match kind {
+        Kind::Acquire => command::acquire(out, item.key, &item.token, ttl_ms),
+        Kind::Extend => command::extend(out, item.key, &item.token, ttl_ms, by_sha),
+        Kind::Release => command::release(out, item.key, &item.token, by_sha),
+    }
+}

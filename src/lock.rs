@@ -1,0 +1,183 @@
+//! A held lock: plain data, no handle to the client that took it.
+
+use crate::core::token::Token;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// Resource names up to this many bytes are stored inline: taking a lock on them does not
+/// allocate.
+pub const INLINE_RESOURCE: usize = 64;
+
+/// A lock held on a quorum of nodes, valid until [`Lock::deadline`].
+///
+/// `Lock` does not release itself on drop (it has no connection); pass it to
+/// [`Redlock::unlock`](crate::Redlock::unlock), or let the keys expire with the ttl.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use quorumlock::Redlock;
+///
+/// let mut rl = Redlock::builder().nodes(["redis://127.0.0.1:7001"]).build()?;
+/// let lock = rl.lock("orders:42", Duration::from_secs(10))?;
+/// assert_eq!(lock.resource(), b"orders:42");
+/// if lock.is_valid() {
+///     // work for at most lock.remaining()
+/// }
+/// rl.unlock(&lock)?;
+/// # Ok::<(), quorumlock::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Lock {
+    resource: Resource,
+    token: Token,
+    ttl: Duration,
+    started: Instant,
+    // INVARIANT: deadline = start of the operation that last set the keys + ttl − drift.
+    deadline: Instant,
+}
+
+impl Lock {
+    pub(crate) fn new(
+        resource: &[u8],
+        token: Token,
+        ttl: Duration,
+        started: Instant,
+        deadline: Instant,
+    ) -> Lock {
+        Lock {
+            resource: Resource::new(resource),
+            token,
+            ttl,
+            started,
+            deadline,
+        }
+    }
+
+    /// The locked resource (the Redis key), exactly as given.
+    pub fn resource(&self) -> &[u8] {
+        self.resource.as_bytes()
+    }
+
+    /// The unique value stored under the key on every node.
+    pub fn token(&self) -> &[u8] {
+        self.token.as_bytes()
+    }
+
+    pub(crate) fn token_value(&self) -> Token {
+        self.token
+    }
+
+    /// The ttl the keys were last set with.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// When the acquire (or the last successful extend) started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The instant the lock stops being safe to rely on: start + ttl − drift.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Validity left now; zero once expired.
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// True while the lock is still valid.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.deadline
+    }
+
+    pub(crate) fn renew(&mut self, ttl: Duration, started: Instant, deadline: Instant) {
+        self.ttl = ttl;
+        self.started = started;
+        self.deadline = deadline;
+    }
+
+    pub(crate) fn shorten(&mut self, deadline: Instant) {
+        self.deadline = self.deadline.min(deadline);
+    }
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock")
+            .field("resource", &crate::error::Escaped(self.resource()))
+            .field("token", &self.token)
+            .field("ttl", &self.ttl)
+            .field("remaining", &self.remaining())
+            .finish()
+    }
+}
+
+/// Resource bytes, inline up to [`INLINE_RESOURCE`] bytes.
+#[derive(Clone)]
+enum Resource {
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE_RESOURCE],
+    },
+    Heap(Box<[u8]>),
+}
+
+impl Resource {
+    fn new(data: &[u8]) -> Resource {
+        if data.len() <= INLINE_RESOURCE {
+            let mut bytes = [0u8; INLINE_RESOURCE];
+            bytes[..data.len()].copy_from_slice(data);
+            Resource::Inline {
+                len: data.len() as u8,
+                bytes,
+            }
+        } else {
+            Resource::Heap(data.into())
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Resource::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Resource::Heap(b) => b,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_round_trip_inline_and_on_the_heap() {
+        let now = Instant::now();
+        for len in [0, 1, 63, 64, 65, 1000] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            let lock = Lock::new(&data, Token::from_bits(1), Duration::from_secs(1), now, now);
+            assert_eq!(lock.resource(), &data[..]);
+        }
+    }
+
+    #[test]
+    fn validity_follows_the_deadline() {
+        let now = Instant::now();
+        let mut lock = Lock::new(
+            b"r",
+            Token::from_bits(1),
+            Duration::from_secs(1),
+            now,
+            now + Duration::from_secs(60),
+        );
+        assert!(lock.is_valid());
+        assert!(lock.remaining() > Duration::from_secs(59));
+        lock.shorten(now);
+        assert!(!lock.is_valid());
+        assert_eq!(lock.remaining(), Duration::ZERO);
+        lock.shorten(now + Duration::from_secs(100));
+        assert!(!lock.is_valid(), "shorten never lengthens");
+    }
+}

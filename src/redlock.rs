@@ -1,0 +1,406 @@
+//! The client: Redlock's acquire, extend and release on top of the driver's rounds.
+
+use crate::config::{Builder, Settings};
+use crate::core::quorum::{deadline, quorum};
+use crate::core::round::{Decision, Kind, Round};
+use crate::core::token::TokenSource;
+use crate::driver::{Driver, Item, Request};
+use crate::error::{ConfigError, Error, Failure, NodeReport, Phase};
+use crate::lock::Lock;
+use std::time::{Duration, Instant};
+
+/// A Redlock client over N independent Redis masters.
+///
+/// One client owns one event loop and one connection per node, and runs one operation
+/// at a time (`&mut self`). For threads, give each its own client (it is `Send`), or
+/// share one behind a `Mutex`.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use quorumlock::{Redlock, Lock, Error};
+///
+/// let mut rl = Redlock::builder()
+///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+///     .node_timeout(Duration::from_millis(50))
+///     .retry_count(3)
+///     .retry_delay(Duration::from_millis(200))
+///     .retry_jitter(Duration::from_millis(100))
+///     .drift_factor(0.01)
+///     .build()?;
+/// let mut lock: Lock = rl.lock("orders:42", Duration::from_secs(10))?;
+/// // ... critical section, at most lock.remaining() long ...
+/// rl.extend(&mut lock, Duration::from_secs(10))?;
+/// let released_on: usize = rl.unlock(&lock)?;
+/// # Ok::<(), Error>(())
+/// ```
+pub struct Redlock {
+    settings: Settings,
+    driver: Driver,
+    round: Round,
+    tokens: TokenSource,
+    lost: Vec<usize>,
+}
+
+impl std::fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redlock")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Redlock {
+    /// Starts configuring a client.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    pub(crate) fn from_settings(settings: Settings) -> Result<Redlock, Error> {
+        let driver = Driver::new(&settings).map_err(|e| {
+            Error::Config(ConfigError::new(
+                "event loop",
+                e.to_string(),
+                "the OS refused to create an epoll instance",
+            ))
+        })?;
+        Ok(Redlock {
+            settings,
+            driver,
+            round: Round::default(),
+            tokens: TokenSource::from_os(),
+            lost: Vec::new(),
+        })
+    }
+
+    /// The validated settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Nodes needed for a majority: `N / 2 + 1`.
+    pub fn quorum(&self) -> usize {
+        quorum(self.settings.nodes.len())
+    }
+
+    /// Acquires `resource` for `ttl`, retrying up to `retry_count` times after a random
+    /// delay of `retry_delay ± retry_jitter`. Every failed attempt releases what it may
+    /// have set, on all nodes, before waiting.
+    ///
+    /// The returned lock is valid for `ttl − elapsed − drift`; see [`Lock::remaining`].
+    /// The error is that of the last attempt: [`Error::Taken`], [`Error::Unavailable`] or
+    /// [`Error::Expired`], with per-node detail.
+    pub fn lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
+        let resource = resource.as_ref();
+        let attempts = self.settings.retry_count.saturating_add(1);
+        let mut attempt = 1;
+        loop {
+            match self.attempt(resource, ttl, attempt) {
+                Ok(lock) => return Ok(lock),
+                Err(e @ Error::Config(_)) => return Err(e),
+                Err(e) if attempt >= attempts => return Err(e),
+                Err(_) => {}
+            }
+            let delay = self
+                .tokens
+                .jitter(self.settings.retry_delay, self.settings.retry_jitter);
+            self.driver.idle(Instant::now() + delay);
+            attempt += 1;
+        }
+    }
+
+    /// One attempt to acquire `resource` for `ttl`, no retries. On failure, what the
+    /// attempt may have set is released on all nodes before returning.
+    pub fn try_lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
+        self.attempt(resource.as_ref(), ttl, 1)
+    }
+
+    fn attempt(&mut self, resource: &[u8], ttl: Duration, attempt: u32) -> Result<Lock, Error> {
+        let ttl_ms = ttl_millis(ttl)?;
+        let items = [Item {
+            key: resource,
+            token: self.tokens.next_token(),
+        }];
+        let req = Request {
+            kind: Kind::Acquire,
+            ttl_ms,
+            items: &items,
+        };
+        let start = self.driver.run(&mut self.round, &req);
+        let lock = self.settle_acquire(&items[0], 0, ttl, start, attempt);
+        if lock.is_err() {
+            self.lost.clear();
+            self.lost.push(0);
+            self.driver.release_lost(&self.round, &items, &self.lost);
+        }
+        lock
+    }
+
+    /// Turns the decision of `slot` into a lock or an error.
+    fn settle_acquire(
+        &self,
+        item: &Item<'_>,
+        slot: usize,
+        ttl: Duration,
+        start: Instant,
+        attempt: u32,
+    ) -> Result<Lock, Error> {
+        let ttl = Duration::from_millis(ttl.as_millis() as u64);
+        let failure = || self.failure(Phase::Acquire, item.key, slot, attempt, start);
+        match self.round.decision(slot) {
+            Decision::Won => {
+                let decided = self.round.decided_at(slot).unwrap_or(start);
+                match deadline(start, ttl, self.settings.drift_factor) {
+                    Some(end) if decided < end => {
+                        Ok(Lock::new(item.key, item.token, ttl, start, end))
+                    }
+                    _ => Err(Error::Expired(failure())),
+                }
+            }
+            Decision::Taken => Err(Error::Taken(failure())),
+            _ => Err(Error::Unavailable(failure())),
+        }
+    }
+
+    /// Extends a held lock to `ttl` from now, on a quorum, with compare-and-pexpire.
+    ///
+    /// Succeeds only if a quorum agrees while the lock is still valid; the new validity is
+    /// `ttl − elapsed − drift` from this call's start. A lock that has already expired is
+    /// [`Error::Expired`] at once. If the extend fails, the lock's deadline is moved
+    /// earlier when nodes that did apply the new ttl could now expire sooner than before;
+    /// it is never moved later.
+    pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        let ttl_ms = ttl_millis(ttl)?;
+        let ttl = Duration::from_millis(ttl_ms as u64);
+        if !lock.is_valid() {
+            return Err(Error::Expired(Failure {
+                op: Phase::Extend,
+                resource: lock.resource().to_vec(),
+                attempts: 0,
+                quorum: self.quorum(),
+                elapsed: Duration::ZERO,
+                nodes: Vec::new(),
+            }));
+        }
+        let items = [Item {
+            key: lock.resource(),
+            token: lock.token_value(),
+        }];
+        let req = Request {
+            kind: Kind::Extend,
+            ttl_ms,
+            items: &items,
+        };
+        let start = self.driver.run(&mut self.round, &req);
+        let new_deadline = deadline(start, ttl, self.settings.drift_factor);
+        let decided = self.round.decided_at(0).unwrap_or(start);
+        let result = match self.round.decision(0) {
+            Decision::Won if decided < lock.deadline() => match new_deadline {
+                Some(end) if decided < end => Ok(end),
+                _ => Err(Error::Expired(self.failure(
+                    Phase::Extend,
+                    items[0].key,
+                    0,
+                    1,
+                    start,
+                ))),
+            },
+            Decision::Won | Decision::Taken => Err(Error::Expired(self.failure(
+                Phase::Extend,
+                items[0].key,
+                0,
+                1,
+                start,
+            ))),
+            _ => Err(Error::Unavailable(self.failure(
+                Phase::Extend,
+                items[0].key,
+                0,
+                1,
+                start,
+            ))),
+        };
+        match result {
+            Ok(end) => {
+                lock.renew(ttl, start, end);
+                Ok(())
+            }
+            Err(e) => {
+                lock.shorten(new_deadline.unwrap_or(start));
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases the lock on every node with compare-and-delete, and returns on how many
+    /// nodes our key was deleted.
+    ///
+    /// Waits for every node that is not lagging, at most `node_timeout`. `Ok` means a
+    /// quorum of nodes answered (so the lock is certainly free, whatever the count); if
+    /// fewer answered, [`Error::Unavailable`] says which did not — the keys there expire
+    /// with the ttl. Unlocking twice, or after expiry, is harmless: it returns `Ok(0)`
+    /// or the nodes that still had the key.
+    pub fn unlock(&mut self, lock: &Lock) -> Result<usize, Error> {
+        let items = [Item {
+            key: lock.resource(),
+            token: lock.token_value(),
+        }];
+        let req = Request {
+            kind: Kind::Release,
+            ttl_ms: 0,
+            items: &items,
+        };
+        let start = self.driver.run(&mut self.round, &req);
+        self.settle_release(&items[0], 0, start)
+    }
+
+    fn settle_release(&self, item: &Item<'_>, slot: usize, start: Instant) -> Result<usize, Error> {
+        if self.round.answered(slot) >= self.quorum() {
+            Ok(self.round.yes(slot))
+        } else {
+            Err(Error::Unavailable(self.failure(
+                Phase::Release,
+                item.key,
+                slot,
+                1,
+                start,
+            )))
+        }
+    }
+
+    /// Tries to acquire every resource in `resources` for `ttl` in one round: all the SETs
+    /// are written to each node in one go and read back in one pass. Each resource keeps
+    /// the full Redlock rules (its own quorum and validity); the result for each is what
+    /// [`Redlock::try_lock`] would have returned. Resources that were not won are released.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let mut rl = quorumlock::Redlock::builder().nodes(["redis://127.0.0.1:7001"]).build()?;
+    /// let results = rl.try_lock_many(&["a", "b", "c"], Duration::from_secs(5));
+    /// let held: Vec<_> = results.into_iter().filter_map(Result::ok).collect();
+    /// let released = rl.unlock_many(&held);
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    pub fn try_lock_many<R: AsRef<[u8]>>(
+        &mut self,
+        resources: &[R],
+        ttl: Duration,
+    ) -> Vec<Result<Lock, Error>> {
+        let ttl_ms = match ttl_millis(ttl) {
+            Ok(ms) => ms,
+            Err(e) => return resources.iter().map(|_| Err(e.clone())).collect(),
+        };
+        if resources.is_empty() {
+            return Vec::new();
+        }
+        let items: Vec<Item<'_>> = resources
+            .iter()
+            .map(|r| Item {
+                key: r.as_ref(),
+                token: self.tokens.next_token(),
+            })
+            .collect();
+        let req = Request {
+            kind: Kind::Acquire,
+            ttl_ms,
+            items: &items,
+        };
+        let start = self.driver.run(&mut self.round, &req);
+        let results: Vec<_> = items
+            .iter()
+            .enumerate()
+            .map(|(slot, item)| self.settle_acquire(item, slot, ttl, start, 1))
+            .collect();
+        self.lost.clear();
+        self.lost.extend(
+            results
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.is_err())
+                .map(|(i, _)| i),
+        );
+        self.driver.release_lost(&self.round, &items, &self.lost);
+        results
+    }
+
+    /// Releases several locks in one round; one result per lock, as [`Redlock::unlock`].
+    pub fn unlock_many(&mut self, locks: &[Lock]) -> Vec<Result<usize, Error>> {
+        if locks.is_empty() {
+            return Vec::new();
+        }
+        let items: Vec<Item<'_>> = locks
+            .iter()
+            .map(|l| Item {
+                key: l.resource(),
+                token: l.token_value(),
+            })
+            .collect();
+        let req = Request {
+            kind: Kind::Release,
+            ttl_ms: 0,
+            items: &items,
+        };
+        let start = self.driver.run(&mut self.round, &req);
+        items
+            .iter()
+            .enumerate()
+            .map(|(slot, item)| self.settle_release(item, slot, start))
+            .collect()
+    }
+
+    /// Bytes of buffers held by the client's connections (inbox, outbox, reply queues).
+    /// Constant in steady state; exposed so tests and monitoring can check it.
+    pub fn buffered_bytes(&self) -> usize {
+        self.driver.buffered()
+    }
+
+    fn failure(
+        &self,
+        op: Phase,
+        resource: &[u8],
+        slot: usize,
+        attempts: u32,
+        start: Instant,
+    ) -> Failure {
+        Failure {
+            op,
+            resource: resource.to_vec(),
+            attempts,
+            quorum: self.quorum(),
+            elapsed: self
+                .round
+                .decided_at(slot)
+                .unwrap_or(start)
+                .saturating_duration_since(start),
+            nodes: self
+                .round
+                .outcomes(slot)
+                .zip(&self.driver.conns)
+                .map(|(outcome, conn)| NodeReport {
+                    node: conn.endpoint.to_string(),
+                    outcome,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The ttl in whole milliseconds, as `PX` takes it.
+fn ttl_millis(ttl: Duration) -> Result<i64, Error> {
+    match ttl.as_millis() {
+        0 => Err(Error::Config(ConfigError::new(
+            "ttl",
+            format!("{ttl:?}"),
+            "must be at least 1 ms",
+        ))),
+        ms if ms > (i64::MAX as u128) / 1000 => Err(Error::Config(ConfigError::new(
+            "ttl",
+            format!("{ttl:?}"),
+            "is too large",
+        ))),
+        ms => Ok(ms as i64),
+    }
+}

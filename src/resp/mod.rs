@@ -1,0 +1,74 @@
+//! RESP2, the Redis wire protocol, written by hand: no I/O, no allocation on the hot path.
+//!
+//! # Overview
+//!
+//! Commands go out as arrays of bulk strings ([`encode`]); replies come back as one of
+//! five types, which [`decode`] parses in place from a byte slice:
+//!
+//! ```text
+//! +OK\r\n                 simple string     Reply::Simple(b"OK")
+//! -ERR message\r\n        error             Reply::Error(b"ERR message")
+//! :42\r\n                 integer (i64)     Reply::Integer(42)
+//! $3\r\nfoo\r\n           bulk string       Reply::Bulk(Some(b"foo"))
+//! $-1\r\n                 null bulk         Reply::Bulk(None)
+//! *2\r\n:1\r\n:2\r\n      array             Reply::Array(Some(ArrayReply { len: 2, .. }))
+//! *-1\r\n                 null array        Reply::Array(None)
+//! ```
+//!
+//! # Invariants
+//!
+//! - Incomplete input is a value (`Ok(None)`), never an error: the caller reads more and
+//!   parses again from the start of the reply (replies on the lock path are a few bytes, so
+//!   re-parsing is cheaper than keeping resumable state).
+//! - Every length read off the wire is checked against [`Limits`] before it is used, and
+//!   all arithmetic on it is checked, so hostile input costs at most the limits.
+//! - Only `-1` is a null length; any other negative length is an error.
+//! - Nesting is walked with an explicit, bounded stack: no recursion, no stack overflow.
+//! - The parser never panics, whatever the bytes.
+
+pub mod decode;
+pub mod encode;
+mod value;
+
+pub use decode::{ArrayReply, Elements, ProtocolError, Reply, decode};
+pub use value::Value;
+
+/// Bounds on what a server may send, checked before a length is trusted.
+///
+/// The defaults are generous for a lock client, whose replies are a few bytes, and small
+/// enough that a hostile or broken server cannot make the client buffer much.
+///
+/// # Example
+///
+/// ```
+/// use quorumlock::resp::{decode, Limits, ProtocolError};
+///
+/// let tight = Limits { max_bulk_len: 4, ..Limits::default() };
+/// assert_eq!(decode(b"$5\r\nhello\r\n", &tight), Err(ProtocolError::BulkTooLong));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest bulk string accepted, in bytes.
+    pub max_bulk_len: usize,
+    /// Largest array accepted, in elements.
+    pub max_array_len: usize,
+    /// Deepest nesting of arrays accepted (a flat array has depth 1). At most
+    /// [`MAX_DEPTH`]; larger values are clamped to it.
+    pub max_depth: usize,
+    /// Longest simple string, error or integer line accepted, in bytes (without CRLF).
+    pub max_line_len: usize,
+}
+
+/// Hard cap on [`Limits::max_depth`]: the size of the parser's fixed nesting stack.
+pub const MAX_DEPTH: usize = 64;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_bulk_len: 1 << 20,
+            max_array_len: 1 << 16,
+            max_depth: 16,
+            max_line_len: 64 * 1024,
+        }
+    }
+}
