@@ -219,15 +219,15 @@ impl NodeConn {
         Ok(true)
     }
 
-    /// Queues a command whose reply is awaited as `expect`, and writes it at once if the
-    /// connection is idle.
+    /// Queues `count` commands, for slots `expect.slot..expect.slot + count`, and writes
+    /// them at once if the connection is idle.
     pub fn send(&mut self, bytes: &[u8], expect: Expect, count: usize) -> Result<(), NodeError> {
         if self.pending.len() + count > MAX_PENDING {
             return Err(NodeError::Backlog);
         }
-        for slot in 0..count {
+        for k in 0..count as u32 {
             self.pending.push_back(Expect {
-                slot: slot as u32,
+                slot: expect.slot + k,
                 ..expect
             });
         }

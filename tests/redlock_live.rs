@@ -1,0 +1,337 @@
+//! The public API against real redis-server processes: the happy paths, contention,
+//! binary names, authentication, unix sockets, batches and every configuration error.
+//! (Faults live in faults.rs, hostile servers in hostile.rs.)
+
+mod common;
+
+use common::{Cluster, NodeOptions};
+use quorumlock::{Error, Outcome, Redlock};
+use std::time::{Duration, Instant};
+
+fn client(cluster: &Cluster) -> Redlock {
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(200))
+        .retry_count(0)
+        .build()
+        .expect("valid settings")
+}
+
+/// The value stored under `key` on every node.
+fn values(cluster: &Cluster, key: &[u8]) -> Vec<Option<Vec<u8>>> {
+    (0..cluster.len()).map(|i| cluster.node(i).admin().get(key)).collect()
+}
+
+#[test]
+fn acquire_extend_release_on_five_nodes() {
+    let cluster = Cluster::start(5);
+    let mut rl = client(&cluster);
+    let ttl = Duration::from_secs(10);
+    let mut lock = rl.lock("orders:42", ttl).expect("free lock");
+    assert_eq!(lock.resource(), b"orders:42");
+    assert!(lock.is_valid());
+    assert!(lock.remaining() <= ttl - Duration::from_millis(102), "drift is subtracted");
+    assert!(lock.remaining() > ttl - Duration::from_millis(500));
+    // The token is on every node, with the ttl.
+    for v in values(&cluster, b"orders:42") {
+        assert_eq!(v.as_deref(), Some(lock.token()));
+    }
+    let pttl = cluster.node(0).admin().pttl("orders:42");
+    assert!(pttl > 9_000 && pttl <= 10_000, "pttl {pttl}");
+
+    rl.extend(&mut lock, Duration::from_secs(30)).expect("extend a held lock");
+    assert!(lock.remaining() > Duration::from_secs(29));
+    let pttl = cluster.node(3).admin().pttl("orders:42");
+    assert!(pttl > 29_000, "extend reached the nodes: pttl {pttl}");
+
+    assert_eq!(rl.unlock(&lock).expect("unlock"), 5);
+    assert!(values(&cluster, b"orders:42").iter().all(Option::is_none));
+}
+
+#[test]
+fn a_second_client_is_refused_while_held_and_gets_it_after_unlock_and_after_expiry() {
+    let cluster = Cluster::start(5);
+    let mut a = client(&cluster);
+    let mut b = client(&cluster);
+    let lock = a.lock("jobs:report", Duration::from_secs(5)).unwrap();
+
+    match b.try_lock("jobs:report", Duration::from_secs(5)) {
+        Err(Error::Taken(f)) => {
+            assert!(f.count(|o| *o == Outcome::Held) >= 3, "{f}");
+            assert_eq!(f.quorum, 3);
+            assert_eq!(f.nodes.len(), 5);
+        }
+        other => panic!("expected Taken, got {other:?}"),
+    }
+    // The refused attempt must not have disturbed the holder's keys.
+    assert!(values(&cluster, b"jobs:report").iter().all(|v| v.as_deref() == Some(lock.token())));
+
+    a.unlock(&lock).unwrap();
+    let second = b.try_lock("jobs:report", Duration::from_millis(300)).expect("free after unlock");
+
+    // Let it expire without unlocking: a crashed holder frees the resource by ttl.
+    std::thread::sleep(Duration::from_millis(350));
+    assert!(!second.is_valid());
+    let third = a.try_lock("jobs:report", Duration::from_secs(5)).expect("free after expiry");
+    assert_ne!(third.token(), second.token());
+}
+
+#[test]
+fn lock_retries_until_the_holder_lets_go() {
+    let cluster = Cluster::start(3);
+    let mut holder = client(&cluster);
+    let mut waiter = Redlock::builder()
+        .nodes(cluster.urls())
+        .retry_count(50)
+        .retry_delay(Duration::from_millis(20))
+        .retry_jitter(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let lock = holder.lock("queue", Duration::from_millis(400)).unwrap();
+    let start = Instant::now();
+    let got = waiter.lock("queue", Duration::from_secs(5)).expect("acquired after expiry");
+    assert!(start.elapsed() >= Duration::from_millis(250), "waited for the holder");
+    assert!(!lock.is_valid());
+    assert!(got.is_valid());
+}
+
+#[test]
+fn a_failed_attempt_releases_what_it_set() {
+    let cluster = Cluster::start(5);
+    let mut a = client(&cluster);
+    let mut b = client(&cluster);
+    // Someone else holds the key on 3 nodes only (set by hand): B wins 2, loses overall.
+    for i in 0..3 {
+        cluster.node(i).admin().set_px("split", "someone-else", 10_000);
+    }
+    let err = b.try_lock("split", Duration::from_secs(10)).unwrap_err();
+    assert!(matches!(err, Error::Taken(_)), "{err}");
+    // B's partial keys on nodes 3 and 4 are released (fire-and-forget, so give it a moment).
+    assert!(common::wait_until(Duration::from_secs(2), || {
+        (3..5).all(|i| cluster.node(i).admin().get("split").is_none())
+    }));
+    assert_eq!(cluster.node(0).admin().get("split").as_deref(), Some(&b"someone-else"[..]));
+    drop(a.try_lock("other", Duration::from_secs(1)).unwrap());
+}
+
+#[test]
+fn stale_lock_release_never_deletes_the_new_holders_key() {
+    let cluster = Cluster::start(5);
+    let mut a = client(&cluster);
+    let mut b = client(&cluster);
+    let old = a.lock("k", Duration::from_millis(150)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let new = b.lock("k", Duration::from_secs(10)).unwrap();
+    assert_eq!(a.unlock(&old).unwrap(), 0, "the stale lock owns nothing");
+    assert!(values(&cluster, b"k").iter().all(|v| v.as_deref() == Some(new.token())));
+}
+
+#[test]
+fn binary_resource_names_are_exact() {
+    let cluster = Cluster::start(3);
+    let mut rl = client(&cluster);
+    let names: [&[u8]; 5] = [b"a\r\nb", b"\0\0\x01", b"\xff\xfe non-utf8", b"", &[b'x'; 300]];
+    for name in names {
+        let lock = rl.try_lock(name, Duration::from_secs(5)).unwrap();
+        assert_eq!(lock.resource(), name);
+        assert_eq!(cluster.node(1).admin().get(name).as_deref(), Some(lock.token()));
+        assert!(rl.try_lock(name, Duration::from_secs(5)).is_err(), "held: {name:?}");
+        assert_eq!(rl.unlock(&lock).unwrap(), 3);
+    }
+    // Names that differ in one byte are different locks.
+    let a = rl.try_lock(b"same\0a", Duration::from_secs(5)).unwrap();
+    let b = rl.try_lock(b"same\0b", Duration::from_secs(5)).unwrap();
+    assert_ne!(a.token(), b.token());
+}
+
+#[test]
+fn tokens_are_unique_per_request() {
+    let cluster = Cluster::start(1);
+    let mut a = client(&cluster);
+    let mut b = client(&cluster);
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..200 {
+        let rl = if i % 2 == 0 { &mut a } else { &mut b };
+        let lock = rl.try_lock(format!("t{i}"), Duration::from_secs(5)).unwrap();
+        assert!(lock.token().len() >= 32, "128 bits as hex");
+        assert!(seen.insert(lock.token().to_vec()));
+    }
+}
+
+#[test]
+fn password_nodes_work_and_a_wrong_password_is_a_typed_failure() {
+    let cluster = Cluster::start_with(3, &NodeOptions::with_password("s3cret"));
+    let mut rl = client(&cluster);
+    let lock = rl.try_lock("auth", Duration::from_secs(5)).unwrap();
+    assert_eq!(rl.unlock(&lock).unwrap(), 3);
+
+    let port = cluster.node(0).port().unwrap();
+    let wrong: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|u| u.replace("s3cret", "wrong"))
+        .collect();
+    assert!(wrong[0].contains(&port.to_string()));
+    let mut bad = Redlock::builder().nodes(&wrong).retry_count(0).build().unwrap();
+    let err = bad.try_lock("auth", Duration::from_secs(5)).unwrap_err();
+    let f = err.failure().unwrap();
+    assert!(matches!(err, Error::Unavailable(_)), "{err}");
+    assert!(
+        f.nodes.iter().all(|n| matches!(&n.outcome, Outcome::Failed(quorumlock::NodeError::Handshake(m)) if m.contains("WRONGPASS"))),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("wrong@"), "passwords are masked: {err}");
+}
+
+#[test]
+fn acl_user_nodes_work() {
+    let cluster = Cluster::start_with(3, &NodeOptions::with_acl_user("locker", "pw1"));
+    assert!(cluster.url(0).contains("locker:"));
+    let mut rl = client(&cluster);
+    let mut lock = rl.try_lock("acl", Duration::from_secs(5)).unwrap();
+    rl.extend(&mut lock, Duration::from_secs(5)).unwrap();
+    assert_eq!(rl.unlock(&lock).unwrap(), 3);
+}
+
+#[test]
+fn unix_socket_nodes_work_with_and_without_password_and_db() {
+    let plain = Cluster::start_with(3, &NodeOptions::unix());
+    let mut rl = client(&plain);
+    let lock = rl.try_lock("sock", Duration::from_secs(5)).unwrap();
+    assert_eq!(rl.unlock(&lock).unwrap(), 3);
+
+    let opts = NodeOptions {
+        unix_socket: true,
+        password: Some("pw".into()),
+        ..NodeOptions::default()
+    };
+    let secured = Cluster::start_with(3, &opts);
+    let urls: Vec<String> = secured.urls().iter().map(|u| format!("{u}&db=3")).collect();
+    assert!(urls[0].starts_with("unix://") && urls[0].contains("password="), "{}", urls[0]);
+    let mut rl = Redlock::builder().nodes(&urls).build().unwrap();
+    let lock = rl.try_lock("sock", Duration::from_secs(5)).unwrap();
+    // SELECT 3 happened: the key is in db 3, not db 0.
+    let mut admin = secured.node(0).admin();
+    assert_eq!(admin.get("sock"), None);
+    assert!(admin.cmd(&["SELECT", "3"]).is_ok());
+    assert_eq!(admin.get("sock").as_deref(), Some(lock.token()));
+    assert_eq!(rl.unlock(&lock).unwrap(), 3);
+}
+
+#[test]
+fn tcp_db_number_is_selected() {
+    let cluster = Cluster::start(1);
+    let mut rl = Redlock::builder().nodes([format!("{}/5", cluster.url(0))]).build().unwrap();
+    let lock = rl.try_lock("db5", Duration::from_secs(5)).unwrap();
+    let mut admin = cluster.node(0).admin();
+    assert!(admin.cmd(&["SELECT", "5"]).is_ok());
+    assert_eq!(admin.get("db5").as_deref(), Some(lock.token()));
+}
+
+#[test]
+fn script_digests_match_what_redis_computes() {
+    let cluster = Cluster::start(1);
+    let mut admin = cluster.node(0).admin();
+    for (body, sha) in [
+        (quorumlock::core::script::RELEASE, quorumlock::core::script::RELEASE_SHA),
+        (quorumlock::core::script::EXTEND, quorumlock::core::script::EXTEND_SHA),
+    ] {
+        let reply = admin.cmd(&[&b"SCRIPT"[..], b"LOAD", body]);
+        assert_eq!(reply.as_bytes(), Some(sha), "{reply:?}");
+    }
+}
+
+#[test]
+fn batches_lock_each_resource_by_its_own_quorum() {
+    let cluster = Cluster::start(5);
+    let mut rl = client(&cluster);
+    let mut other = client(&cluster);
+    let taken = other.try_lock("batch:3", Duration::from_secs(10)).unwrap();
+    let names: Vec<String> = (0..16).map(|i| format!("batch:{i}")).collect();
+    let results = rl.try_lock_many(&names, Duration::from_secs(10));
+    assert_eq!(results.len(), 16);
+    for (i, r) in results.iter().enumerate() {
+        match (i, r) {
+            (3, Err(Error::Taken(_))) => {}
+            (3, other) => panic!("batch:3 is held elsewhere: {other:?}"),
+            (_, Ok(lock)) => assert_eq!(lock.resource(), names[i].as_bytes()),
+            (_, Err(e)) => panic!("{i}: {e}"),
+        }
+    }
+    let held: Vec<_> = results.into_iter().filter_map(Result::ok).collect();
+    let released = rl.unlock_many(&held);
+    assert!(released.iter().all(|r| matches!(r, Ok(5))), "{released:?}");
+    assert_eq!(cluster.node(0).admin().get("batch:3").as_deref(), Some(taken.token()));
+    assert!(rl.try_lock_many::<&str>(&[], Duration::from_secs(1)).is_empty());
+}
+
+#[test]
+fn every_config_error_names_the_setting_before_connecting() {
+    let ok = "redis://127.0.0.1:1";
+    let cases: Vec<(quorumlock::Builder, &str)> = vec![
+        (Redlock::builder(), "nodes"),
+        (Redlock::builder().nodes(["http://127.0.0.1:1"]), "nodes[0]"),
+        (Redlock::builder().nodes([ok, "redis://127.0.0.1:70000"]), "nodes[1]"),
+        (Redlock::builder().nodes([ok, "redis://127.0.0.1:2/x"]), "nodes[1]"),
+        (Redlock::builder().nodes([ok, "redis://127.0.0.1:1"]), "nodes[1]"),
+        (Redlock::builder().nodes(["unix://no/abs"]), "nodes[0]"),
+        (Redlock::builder().nodes([ok]).node_timeout(Duration::ZERO), "node_timeout"),
+        (Redlock::builder().nodes([ok]).connect_timeout(Duration::ZERO), "connect_timeout"),
+        (Redlock::builder().nodes([ok]).drift_factor(1.0), "drift_factor"),
+        (Redlock::builder().nodes([ok]).drift_factor(-0.5), "drift_factor"),
+        (
+            Redlock::builder().nodes([ok]).limits(quorumlock::resp::Limits {
+                max_bulk_len: 1,
+                ..Default::default()
+            }),
+            "limits",
+        ),
+    ];
+    for (builder, setting) in cases {
+        match builder.build() {
+            Err(Error::Config(c)) => {
+                assert_eq!(c.setting, setting, "{c}");
+                assert!(!c.problem.is_empty());
+            }
+            other => panic!("{setting}: expected a Config error, got {other:?}"),
+        }
+    }
+    // A ttl below the PX resolution is a Config error at call time.
+    let mut rl = Redlock::builder().nodes([ok]).build().unwrap();
+    assert!(matches!(rl.try_lock("x", Duration::from_micros(10)), Err(Error::Config(_))));
+}
+
+#[test]
+fn build_succeeds_with_nodes_down_and_they_join_when_they_come_up() {
+    // A service must start while a minority (here: all) of its nodes are unreachable.
+    let cluster = Cluster::start(3);
+    cluster.node(0).kill();
+    cluster.node(1).kill();
+    let mut rl = Redlock::builder()
+        .nodes(cluster.urls())
+        .max_backoff(Duration::from_millis(50))
+        .retry_count(0)
+        .build()
+        .expect("build never fails because a node is down");
+    let err = rl.try_lock("late", Duration::from_secs(5)).unwrap_err();
+    assert!(matches!(err, Error::Unavailable(_)), "{err}");
+    cluster.node(0).restart();
+    cluster.node(1).restart();
+    assert!(common::wait_until(Duration::from_secs(5), || {
+        match rl.try_lock("late", Duration::from_secs(5)) {
+            Ok(lock) => matches!(rl.unlock(&lock), Ok(3)),
+            Err(_) => false,
+        }
+    }));
+}
+
+#[test]
+fn public_types_are_send_and_debug() {
+    fn send<T: Send>() {}
+    fn debug<T: std::fmt::Debug>() {}
+    send::<Redlock>();
+    send::<quorumlock::Lock>();
+    send::<Error>();
+    debug::<Error>();
+    debug::<quorumlock::Lock>();
+}
