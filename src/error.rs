@@ -168,7 +168,8 @@ pub enum Outcome {
     Released,
     /// Release found no key of ours (expired, or never set there).
     NotHeld,
-    /// No answer before the operation was decided or timed out.
+    /// No answer before the operation was decided (a quorum had already answered) or
+    /// `node_timeout` passed.
     NoReply,
     /// The node could not take part; why.
     Failed(NodeError),
@@ -181,7 +182,7 @@ impl fmt::Display for Outcome {
             Outcome::Held => f.write_str("held by another client"),
             Outcome::Released => f.write_str("released"),
             Outcome::NotHeld => f.write_str("not held"),
-            Outcome::NoReply => f.write_str("no reply in time"),
+            Outcome::NoReply => f.write_str("no reply before the decision or the timeout"),
             Outcome::Failed(e) => write!(f, "{e}"),
         }
     }
