@@ -19,7 +19,9 @@ fn client(cluster: &Cluster) -> Redlock {
 
 /// The value stored under `key` on every node.
 fn values(cluster: &Cluster, key: &[u8]) -> Vec<Option<Vec<u8>>> {
-    (0..cluster.len()).map(|i| cluster.node(i).admin().get(key)).collect()
+    (0..cluster.len())
+        .map(|i| cluster.node(i).admin().get(key))
+        .collect()
 }
 
 #[test]
@@ -30,7 +32,10 @@ fn acquire_extend_release_on_five_nodes() {
     let mut lock = rl.lock("orders:42", ttl).expect("free lock");
     assert_eq!(lock.resource(), b"orders:42");
     assert!(lock.is_valid());
-    assert!(lock.remaining() <= ttl - Duration::from_millis(102), "drift is subtracted");
+    assert!(
+        lock.remaining() <= ttl - Duration::from_millis(102),
+        "drift is subtracted"
+    );
     assert!(lock.remaining() > ttl - Duration::from_millis(500));
     // The token is on every node, with the ttl.
     for v in values(&cluster, b"orders:42") {
@@ -39,7 +44,8 @@ fn acquire_extend_release_on_five_nodes() {
     let pttl = cluster.node(0).admin().pttl("orders:42");
     assert!(pttl > 9_000 && pttl <= 10_000, "pttl {pttl}");
 
-    rl.extend(&mut lock, Duration::from_secs(30)).expect("extend a held lock");
+    rl.extend(&mut lock, Duration::from_secs(30))
+        .expect("extend a held lock");
     assert!(lock.remaining() > Duration::from_secs(29));
     let pttl = cluster.node(3).admin().pttl("orders:42");
     assert!(pttl > 29_000, "extend reached the nodes: pttl {pttl}");
@@ -64,15 +70,23 @@ fn a_second_client_is_refused_while_held_and_gets_it_after_unlock_and_after_expi
         other => panic!("expected Taken, got {other:?}"),
     }
     // The refused attempt must not have disturbed the holder's keys.
-    assert!(values(&cluster, b"jobs:report").iter().all(|v| v.as_deref() == Some(lock.token())));
+    assert!(
+        values(&cluster, b"jobs:report")
+            .iter()
+            .all(|v| v.as_deref() == Some(lock.token()))
+    );
 
     a.unlock(&lock).unwrap();
-    let second = b.try_lock("jobs:report", Duration::from_millis(300)).expect("free after unlock");
+    let second = b
+        .try_lock("jobs:report", Duration::from_millis(300))
+        .expect("free after unlock");
 
     // Let it expire without unlocking: a crashed holder frees the resource by ttl.
     std::thread::sleep(Duration::from_millis(350));
     assert!(!second.is_valid());
-    let third = a.try_lock("jobs:report", Duration::from_secs(5)).expect("free after expiry");
+    let third = a
+        .try_lock("jobs:report", Duration::from_secs(5))
+        .expect("free after expiry");
     assert_ne!(third.token(), second.token());
 }
 
@@ -89,8 +103,13 @@ fn lock_retries_until_the_holder_lets_go() {
         .unwrap();
     let lock = holder.lock("queue", Duration::from_millis(400)).unwrap();
     let start = Instant::now();
-    let got = waiter.lock("queue", Duration::from_secs(5)).expect("acquired after expiry");
-    assert!(start.elapsed() >= Duration::from_millis(250), "waited for the holder");
+    let got = waiter
+        .lock("queue", Duration::from_secs(5))
+        .expect("acquired after expiry");
+    assert!(
+        start.elapsed() >= Duration::from_millis(250),
+        "waited for the holder"
+    );
     assert!(!lock.is_valid());
     assert!(got.is_valid());
 }
@@ -102,7 +121,10 @@ fn a_failed_attempt_releases_what_it_set() {
     let mut b = client(&cluster);
     // Someone else holds the key on 3 nodes only (set by hand): B wins 2, loses overall.
     for i in 0..3 {
-        cluster.node(i).admin().set_px("split", "someone-else", 10_000);
+        cluster
+            .node(i)
+            .admin()
+            .set_px("split", "someone-else", 10_000);
     }
     let err = b.try_lock("split", Duration::from_secs(10)).unwrap_err();
     assert!(matches!(err, Error::Taken(_)), "{err}");
@@ -110,7 +132,10 @@ fn a_failed_attempt_releases_what_it_set() {
     assert!(common::wait_until(Duration::from_secs(2), || {
         (3..5).all(|i| cluster.node(i).admin().get("split").is_none())
     }));
-    assert_eq!(cluster.node(0).admin().get("split").as_deref(), Some(&b"someone-else"[..]));
+    assert_eq!(
+        cluster.node(0).admin().get("split").as_deref(),
+        Some(&b"someone-else"[..])
+    );
     drop(a.try_lock("other", Duration::from_secs(1)).unwrap());
 }
 
@@ -123,19 +148,35 @@ fn stale_lock_release_never_deletes_the_new_holders_key() {
     std::thread::sleep(Duration::from_millis(200));
     let new = b.lock("k", Duration::from_secs(10)).unwrap();
     assert_eq!(a.unlock(&old).unwrap(), 0, "the stale lock owns nothing");
-    assert!(values(&cluster, b"k").iter().all(|v| v.as_deref() == Some(new.token())));
+    assert!(
+        values(&cluster, b"k")
+            .iter()
+            .all(|v| v.as_deref() == Some(new.token()))
+    );
 }
 
 #[test]
 fn binary_resource_names_are_exact() {
     let cluster = Cluster::start(3);
     let mut rl = client(&cluster);
-    let names: [&[u8]; 5] = [b"a\r\nb", b"\0\0\x01", b"\xff\xfe non-utf8", b"", &[b'x'; 300]];
+    let names: [&[u8]; 5] = [
+        b"a\r\nb",
+        b"\0\0\x01",
+        b"\xff\xfe non-utf8",
+        b"",
+        &[b'x'; 300],
+    ];
     for name in names {
         let lock = rl.try_lock(name, Duration::from_secs(5)).unwrap();
         assert_eq!(lock.resource(), name);
-        assert_eq!(cluster.node(1).admin().get(name).as_deref(), Some(lock.token()));
-        assert!(rl.try_lock(name, Duration::from_secs(5)).is_err(), "held: {name:?}");
+        assert_eq!(
+            cluster.node(1).admin().get(name).as_deref(),
+            Some(lock.token())
+        );
+        assert!(
+            rl.try_lock(name, Duration::from_secs(5)).is_err(),
+            "held: {name:?}"
+        );
         assert_eq!(rl.unlock(&lock).unwrap(), 3);
     }
     // Names that differ in one byte are different locks.
@@ -152,7 +193,9 @@ fn tokens_are_unique_per_request() {
     let mut seen = std::collections::HashSet::new();
     for i in 0..200 {
         let rl = if i % 2 == 0 { &mut a } else { &mut b };
-        let lock = rl.try_lock(format!("t{i}"), Duration::from_secs(5)).unwrap();
+        let lock = rl
+            .try_lock(format!("t{i}"), Duration::from_secs(5))
+            .unwrap();
         assert!(lock.token().len() >= 32, "128 bits as hex");
         assert!(seen.insert(lock.token().to_vec()));
     }
@@ -172,7 +215,11 @@ fn password_nodes_work_and_a_wrong_password_is_a_typed_failure() {
         .map(|u| u.replace("s3cret", "wrong"))
         .collect();
     assert!(wrong[0].contains(&port.to_string()));
-    let mut bad = Redlock::builder().nodes(&wrong).retry_count(0).build().unwrap();
+    let mut bad = Redlock::builder()
+        .nodes(&wrong)
+        .retry_count(0)
+        .build()
+        .unwrap();
     let err = bad.try_lock("auth", Duration::from_secs(5)).unwrap_err();
     let f = err.failure().unwrap();
     assert!(matches!(err, Error::Unavailable(_)), "{err}");
@@ -180,7 +227,10 @@ fn password_nodes_work_and_a_wrong_password_is_a_typed_failure() {
         f.nodes.iter().all(|n| matches!(&n.outcome, Outcome::Failed(quorumlock::NodeError::Handshake(m)) if m.contains("WRONGPASS"))),
         "{err}"
     );
-    assert!(!err.to_string().contains("wrong@"), "passwords are masked: {err}");
+    assert!(
+        !err.to_string().contains("wrong@"),
+        "passwords are masked: {err}"
+    );
 }
 
 #[test]
@@ -207,7 +257,11 @@ fn unix_socket_nodes_work_with_and_without_password_and_db() {
     };
     let secured = Cluster::start_with(3, &opts);
     let urls: Vec<String> = secured.urls().iter().map(|u| format!("{u}&db=3")).collect();
-    assert!(urls[0].starts_with("unix://") && urls[0].contains("password="), "{}", urls[0]);
+    assert!(
+        urls[0].starts_with("unix://") && urls[0].contains("password="),
+        "{}",
+        urls[0]
+    );
     let mut rl = Redlock::builder().nodes(&urls).build().unwrap();
     let lock = rl.try_lock("sock", Duration::from_secs(5)).unwrap();
     // SELECT 3 happened: the key is in db 3, not db 0.
@@ -221,7 +275,10 @@ fn unix_socket_nodes_work_with_and_without_password_and_db() {
 #[test]
 fn tcp_db_number_is_selected() {
     let cluster = Cluster::start(1);
-    let mut rl = Redlock::builder().nodes([format!("{}/5", cluster.url(0))]).build().unwrap();
+    let mut rl = Redlock::builder()
+        .nodes([format!("{}/5", cluster.url(0))])
+        .build()
+        .unwrap();
     let lock = rl.try_lock("db5", Duration::from_secs(5)).unwrap();
     let mut admin = cluster.node(0).admin();
     assert!(admin.cmd(&["SELECT", "5"]).is_ok());
@@ -233,8 +290,14 @@ fn script_digests_match_what_redis_computes() {
     let cluster = Cluster::start(1);
     let mut admin = cluster.node(0).admin();
     for (body, sha) in [
-        (quorumlock::core::script::RELEASE, quorumlock::core::script::RELEASE_SHA),
-        (quorumlock::core::script::EXTEND, quorumlock::core::script::EXTEND_SHA),
+        (
+            quorumlock::core::script::RELEASE,
+            quorumlock::core::script::RELEASE_SHA,
+        ),
+        (
+            quorumlock::core::script::EXTEND,
+            quorumlock::core::script::EXTEND_SHA,
+        ),
     ] {
         let reply = admin.cmd(&[&b"SCRIPT"[..], b"LOAD", body]);
         assert_eq!(reply.as_bytes(), Some(sha), "{reply:?}");
@@ -261,8 +324,14 @@ fn batches_lock_each_resource_by_its_own_quorum() {
     let held: Vec<_> = results.into_iter().filter_map(Result::ok).collect();
     let released = rl.unlock_many(&held);
     assert!(released.iter().all(|r| matches!(r, Ok(5))), "{released:?}");
-    assert_eq!(cluster.node(0).admin().get("batch:3").as_deref(), Some(taken.token()));
-    assert!(rl.try_lock_many::<&str>(&[], Duration::from_secs(1)).is_empty());
+    assert_eq!(
+        cluster.node(0).admin().get("batch:3").as_deref(),
+        Some(taken.token())
+    );
+    assert!(
+        rl.try_lock_many::<&str>(&[], Duration::from_secs(1))
+            .is_empty()
+    );
 }
 
 #[test]
@@ -271,19 +340,44 @@ fn every_config_error_names_the_setting_before_connecting() {
     let cases: Vec<(quorumlock::Builder, &str)> = vec![
         (Redlock::builder(), "nodes"),
         (Redlock::builder().nodes(["http://127.0.0.1:1"]), "nodes[0]"),
-        (Redlock::builder().nodes([ok, "redis://127.0.0.1:70000"]), "nodes[1]"),
-        (Redlock::builder().nodes([ok, "redis://127.0.0.1:2/x"]), "nodes[1]"),
-        (Redlock::builder().nodes([ok, "redis://127.0.0.1:1"]), "nodes[1]"),
-        (Redlock::builder().nodes(["unix://no/abs"]), "nodes[0]"),
-        (Redlock::builder().nodes([ok]).node_timeout(Duration::ZERO), "node_timeout"),
-        (Redlock::builder().nodes([ok]).connect_timeout(Duration::ZERO), "connect_timeout"),
-        (Redlock::builder().nodes([ok]).drift_factor(1.0), "drift_factor"),
-        (Redlock::builder().nodes([ok]).drift_factor(-0.5), "drift_factor"),
         (
-            Redlock::builder().nodes([ok]).limits(quorumlock::resp::Limits {
-                max_bulk_len: 1,
-                ..Default::default()
-            }),
+            Redlock::builder().nodes([ok, "redis://127.0.0.1:70000"]),
+            "nodes[1]",
+        ),
+        (
+            Redlock::builder().nodes([ok, "redis://127.0.0.1:2/x"]),
+            "nodes[1]",
+        ),
+        (
+            Redlock::builder().nodes([ok, "redis://127.0.0.1:1"]),
+            "nodes[1]",
+        ),
+        (Redlock::builder().nodes(["unix://no/abs"]), "nodes[0]"),
+        (
+            Redlock::builder().nodes([ok]).node_timeout(Duration::ZERO),
+            "node_timeout",
+        ),
+        (
+            Redlock::builder()
+                .nodes([ok])
+                .connect_timeout(Duration::ZERO),
+            "connect_timeout",
+        ),
+        (
+            Redlock::builder().nodes([ok]).drift_factor(1.0),
+            "drift_factor",
+        ),
+        (
+            Redlock::builder().nodes([ok]).drift_factor(-0.5),
+            "drift_factor",
+        ),
+        (
+            Redlock::builder()
+                .nodes([ok])
+                .limits(quorumlock::resp::Limits {
+                    max_bulk_len: 1,
+                    ..Default::default()
+                }),
             "limits",
         ),
     ];
@@ -298,7 +392,10 @@ fn every_config_error_names_the_setting_before_connecting() {
     }
     // A ttl below the PX resolution is a Config error at call time.
     let mut rl = Redlock::builder().nodes([ok]).build().unwrap();
-    assert!(matches!(rl.try_lock("x", Duration::from_micros(10)), Err(Error::Config(_))));
+    assert!(matches!(
+        rl.try_lock("x", Duration::from_micros(10)),
+        Err(Error::Config(_))
+    ));
 }
 
 #[test]
