@@ -223,10 +223,11 @@ fn password_nodes_work_and_a_wrong_password_is_a_typed_failure() {
     let err = bad.try_lock("auth", Duration::from_secs(5)).unwrap_err();
     let f = err.failure().unwrap();
     assert!(matches!(err, Error::Unavailable(_)), "{err}");
-    assert!(
-        f.nodes.iter().all(|n| matches!(&n.outcome, Outcome::Failed(quorumlock::NodeError::Handshake(m)) if m.contains("WRONGPASS"))),
-        "{err}"
-    );
+    // The round ends as soon as quorum is impossible, so the last node may not have
+    // answered yet; every node that did answer refused the login.
+    let refused = f.count(|o| matches!(o, Outcome::Failed(quorumlock::NodeError::Handshake(m)) if m.contains("WRONGPASS")));
+    assert!(refused >= 2, "{err}");
+    assert_eq!(refused + f.count(|o| *o == Outcome::NoReply), 3, "{err}");
     assert!(
         !err.to_string().contains("wrong@"),
         "passwords are masked: {err}"
@@ -431,4 +432,28 @@ fn public_types_are_send_and_debug() {
     send::<Error>();
     debug::<Error>();
     debug::<quorumlock::Lock>();
+}
+
+#[test]
+fn a_holder_that_was_busy_longer_than_node_timeout_still_releases_everywhere() {
+    // Acquire decides at quorum; the slower replies arrive while the caller works and
+    // does not poll. Those nodes are healthy, not lagging: unlock must reach all five.
+    let cluster = Cluster::start(5);
+    let mut rl = Redlock::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    for i in 0..5 {
+        let lock = rl
+            .try_lock(format!("busy{i}"), Duration::from_secs(5))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(matches!(rl.unlock(&lock), Ok(5)), "round {i}");
+        assert!(
+            values(&cluster, format!("busy{i}").as_bytes())
+                .iter()
+                .all(Option::is_none)
+        );
+    }
 }

@@ -146,6 +146,19 @@ impl Driver {
             active.round.fail_node(node, &conn.down_error(), now);
             return;
         }
+        if conn.is_lagging(now, self.node_timeout) {
+            // The caller may simply not have polled for a while (it was busy in its
+            // critical section) while the replies sit unread in the socket: read them
+            // before calling the node lagging.
+            self.on_event(node, true, None, now);
+            if self.conns[node].state == State::Down {
+                active
+                    .round
+                    .fail_node(node, &self.conns[node].down_error(), now);
+                return;
+            }
+        }
+        let conn = &mut self.conns[node];
         let mut round_id = self.round_id;
         if conn.is_lagging(now, self.node_timeout) {
             active.round.fail_node(node, &NodeError::Lagging, now);
