@@ -60,3 +60,8 @@ pub use config::{Builder, Endpoint, Settings};
 pub use error::{ConfigError, Error, Failure, NodeError, NodeReport, Outcome, Phase};
 pub use lock::{INLINE_RESOURCE, Lock};
 pub use redlock::Redlock;
+
+/// The README's examples, compiled as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
