@@ -140,8 +140,22 @@ pub struct Round {
     nodes: usize,
     slots: Vec<Slot>,
     // INVARIANT: votes.len() == slots.len() * nodes; votes[slot * nodes + node].
-    votes: Vec<Option<Outcome>>,
+    votes: Vec<Vote>,
+    // The detail of every failed vote, by index into `votes`. Kept apart so the votes
+    // themselves stay one byte each: this is the hot path.
+    failures: Vec<(usize, Outcome)>,
     open: usize,
+}
+
+/// One vote, compactly; `Yes`/`No` read as `Locked`/`Held` or `Released`/`NotHeld`
+/// depending on the round's kind, `Failed` has its detail in `Round::failures`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Vote {
+    #[default]
+    Pending,
+    Yes,
+    No,
+    Failed,
 }
 
 impl Round {
@@ -163,7 +177,8 @@ impl Round {
             },
         );
         self.votes.clear();
-        self.votes.resize(slots * nodes, None);
+        self.votes.resize(slots * nodes, Vote::Pending);
+        self.failures.clear();
         self.open = slots;
     }
 
@@ -205,37 +220,58 @@ impl Round {
 
     /// Whether `node` still owes a vote for `slot`.
     pub fn is_pending(&self, node: usize, slot: usize) -> bool {
-        self.votes[slot * self.nodes + node].is_none()
+        self.votes[slot * self.nodes + node] == Vote::Pending
     }
 
     /// `node`'s vote for `slot`, if it has voted.
-    pub fn vote(&self, node: usize, slot: usize) -> Option<&Outcome> {
-        self.votes.get(slot * self.nodes + node)?.as_ref()
+    pub fn vote(&self, node: usize, slot: usize) -> Option<Outcome> {
+        let index = slot * self.nodes + node;
+        let release = self.kind == Some(Kind::Release);
+        match *self.votes.get(index)? {
+            Vote::Pending => None,
+            Vote::Yes if release => Some(Outcome::Released),
+            Vote::Yes => Some(Outcome::Locked),
+            Vote::No if release => Some(Outcome::NotHeld),
+            Vote::No => Some(Outcome::Held),
+            Vote::Failed => self
+                .failures
+                .iter()
+                .find(|(i, _)| *i == index)
+                .map(|(_, o)| o.clone()),
+        }
     }
 
     /// The votes for `slot`, by node; pending ones read as `NoReply`.
     pub fn outcomes(&self, slot: usize) -> impl Iterator<Item = Outcome> + '_ {
-        self.votes[slot * self.nodes..(slot + 1) * self.nodes]
-            .iter()
-            .map(|v| v.clone().unwrap_or(Outcome::NoReply))
+        (0..self.nodes).map(move |node| self.vote(node, slot).unwrap_or(Outcome::NoReply))
     }
 
     /// Records `node`'s vote for `slot`. A second vote for the same pair is ignored.
     pub fn record(&mut self, node: usize, slot: usize, outcome: Outcome, now: Instant) {
-        let Some(vote) = self.votes.get_mut(slot * self.nodes + node) else {
+        let index = slot * self.nodes + node;
+        let Some(vote) = self.votes.get_mut(index) else {
             return;
         };
-        if vote.is_some() || node >= self.nodes {
+        if *vote != Vote::Pending || node >= self.nodes {
             return;
         }
         let t = &mut self.slots[slot].tally;
         t.pending -= 1;
-        match outcome {
-            Outcome::Locked | Outcome::Released => t.yes += 1,
-            Outcome::Held | Outcome::NotHeld => t.no += 1,
-            Outcome::NoReply | Outcome::Failed(_) => t.failed += 1,
-        }
-        *vote = Some(outcome);
+        *vote = match outcome {
+            Outcome::Locked | Outcome::Released => {
+                t.yes += 1;
+                Vote::Yes
+            }
+            Outcome::Held | Outcome::NotHeld => {
+                t.no += 1;
+                Vote::No
+            }
+            Outcome::NoReply | Outcome::Failed(_) => {
+                t.failed += 1;
+                self.failures.push((index, outcome));
+                Vote::Failed
+            }
+        };
         self.decide(slot, now);
     }
 

@@ -26,8 +26,9 @@ impl Token {
     pub fn from_bits(bits: u128) -> Token {
         const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut out = [0u8; 32];
-        for (i, byte) in out.iter_mut().enumerate() {
-            *byte = HEX[((bits >> (124 - 4 * i)) & 0xf) as usize];
+        for (pair, byte) in out.chunks_exact_mut(2).zip(bits.to_be_bytes()) {
+            pair[0] = HEX[usize::from(byte >> 4)];
+            pair[1] = HEX[usize::from(byte & 0xf)];
         }
         Token(out)
     }

@@ -130,10 +130,13 @@ impl NodeConn {
 
     /// True when the node owes a reply older than `node_timeout`: frozen, partitioned
     /// or badly overloaded. Such a node is not waited for until it catches up.
-    pub fn is_lagging(&self, now: Instant, node_timeout: Duration) -> bool {
-        self.pending
-            .front()
-            .is_some_and(|e| now.saturating_duration_since(e.sent_at) > node_timeout)
+    ///
+    /// `cutoff` is `now − node_timeout`, computed once per round by the caller.
+    pub fn is_lagging(&self, cutoff: Option<Instant>) -> bool {
+        match (self.pending.front(), cutoff) {
+            (Some(e), Some(cutoff)) => e.sent_at < cutoff,
+            _ => false,
+        }
     }
 
     /// Reconnects at once, ignoring the backoff (for a connection found stale).
@@ -247,6 +250,7 @@ impl NodeConn {
     }
 
     /// Writes as much of the outbox as the kernel takes.
+    #[inline]
     pub fn flush(&mut self) -> Result<(), NodeError> {
         while self.state == State::Ready && !self.outbox.is_empty() {
             let n = write_to(&mut self.stream, &self.outbox)?;
@@ -315,6 +319,9 @@ impl NodeConn {
 
     /// The next complete reply in the inbox and its length, without consuming it.
     pub fn peek(&self, limits: &Limits) -> Result<Option<(Reply<'_>, usize)>, ProtocolError> {
+        if self.head == self.tail {
+            return Ok(None);
+        }
         decode(&self.inbox[self.head..self.tail], limits)
     }
 
@@ -355,13 +362,11 @@ impl NodeConn {
         };
     }
 
-    /// Bytes buffered for reading and writing (for memory checks).
-    pub fn buffered(&self) -> (usize, usize, usize) {
-        (
-            self.inbox.len(),
-            self.outbox.capacity(),
-            self.pending.capacity(),
-        )
+    /// Bytes held by the read buffer, the write buffer and the reply queue.
+    pub fn buffered(&self) -> usize {
+        self.inbox.len()
+            + self.outbox.capacity()
+            + self.pending.capacity() * std::mem::size_of::<Expect>()
     }
 }
 

@@ -14,9 +14,9 @@
 //! - Replies are matched through each connection's FIFO of expected replies, tagged with
 //!   the round they belong to; replies of earlier rounds are read and discarded, never
 //!   counted in a later one.
-//! - A node that still owes replies older than `node_timeout` is "lagging": it is not
-//!   sent new lock or extend commands and not waited for, so a frozen minority costs
-//!   nothing once it has been seen to lag.
+//! - A node that still owes replies older than `node_timeout` is "lagging": it is sent
+//!   nothing new and not waited for, so a frozen minority costs nothing once it has been
+//!   seen to lag, and its backlog does not grow.
 //! - A connection that was idle when a round began and turns out closed (server timeout,
 //!   `CLIENT KILL`, restart) is reopened and the command resent once, within the round.
 
@@ -118,8 +118,9 @@ impl Driver {
             encode(&mut self.cmd, req.kind, item, req.ttl_ms, true);
         }
         let mut active = Active { round, req };
+        let lag_cutoff = start.checked_sub(self.node_timeout);
         for node in 0..self.conns.len() {
-            self.start_node(node, &mut active, start);
+            self.start_node(node, &mut active, start, lag_cutoff);
         }
         let deadline = start + self.node_timeout;
         let mut now = start;
@@ -134,7 +135,13 @@ impl Driver {
     }
 
     /// Sends the round's command to one node, or records why it cannot take part.
-    fn start_node(&mut self, node: usize, active: &mut Active<'_>, now: Instant) {
+    fn start_node(
+        &mut self,
+        node: usize,
+        active: &mut Active<'_>,
+        now: Instant,
+        lag_cutoff: Option<Instant>,
+    ) {
         let conn = &mut self.conns[node];
         conn.maintain(
             self.poll.registry(),
@@ -146,7 +153,7 @@ impl Driver {
             active.round.fail_node(node, &conn.down_error(), now);
             return;
         }
-        if conn.is_lagging(now, self.node_timeout) {
+        if conn.is_lagging(lag_cutoff) {
             // The caller may simply not have polled for a while (it was busy in its
             // critical section) while the replies sit unread in the socket: read them
             // before calling the node lagging.
@@ -159,19 +166,16 @@ impl Driver {
             }
         }
         let conn = &mut self.conns[node];
-        let mut round_id = self.round_id;
-        if conn.is_lagging(now, self.node_timeout) {
+        if conn.is_lagging(lag_cutoff) {
+            // Nothing new is queued for a node that does not read: its backlog would only
+            // grow. A lock command still queued there may apply when it wakes up; that key
+            // then holds only that node, for at most the ttl, under a token nobody reuses.
             active.round.fail_node(node, &NodeError::Lagging, now);
-            if active.req.kind != Kind::Release {
-                return;
-            }
-            // A release still goes out (it queues behind the lock command it undoes), but
-            // nobody waits for its reply.
-            round_id = 0;
+            return;
         }
         self.may_resend[node] = conn.pending.is_empty();
         let expect = Expect {
-            round: round_id,
+            round: self.round_id,
             slot: 0,
             kind: Some(active.req.kind),
             sent_at: now,
@@ -367,11 +371,17 @@ impl Driver {
         }
         let now = Instant::now();
         for node in 0..self.conns.len() {
-            // A node that answered nil or an error reply certainly did not set the key.
+            // A node that answered nil or an error reply did not set the key, and one
+            // that was down or lagging was never sent the command.
             let may_hold = lost.iter().any(|&slot| {
                 !matches!(
-                    round.vote(node, slot),
-                    Some(Outcome::Held) | Some(Outcome::Failed(NodeError::Server(_)))
+                    &round.vote(node, slot),
+                    Some(
+                        Outcome::Held
+                            | Outcome::Failed(
+                                NodeError::Server(_) | NodeError::Lagging | NodeError::Down(_)
+                            )
+                    )
                 )
             });
             let conn = &mut self.conns[node];
@@ -392,13 +402,7 @@ impl Driver {
 
     /// Sum of buffer capacities over all nodes (for tests of bounded memory).
     pub fn buffered(&self) -> usize {
-        self.conns
-            .iter()
-            .map(|c| {
-                let (a, b, c) = c.buffered();
-                a + b + c
-            })
-            .sum::<usize>()
+        self.conns.iter().map(NodeConn::buffered).sum::<usize>()
             + self.cmd.capacity()
             + self.extra.capacity()
     }

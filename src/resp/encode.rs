@@ -57,8 +57,8 @@ pub fn command<B: BufMut>(out: &mut B, args: &[&[u8]]) {
     }
 }
 
-/// Appends `<kind><value>\r\n`, e.g. `$12\r\n` or `:-3\r\n`.
-pub(crate) fn line<B: BufMut>(out: &mut B, kind: u8, value: u64, negative: bool) {
+/// Appends a length or integer line, `<kind>[-]<value>\r\n`, e.g. `$12\r\n` or `:-3\r\n`.
+pub fn line<B: BufMut>(out: &mut B, kind: u8, value: u64, negative: bool) {
     let mut digits = [0u8; 20];
     let text = decimal(&mut digits, value);
     out.put_u8(kind);

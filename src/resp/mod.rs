@@ -52,8 +52,8 @@ pub struct Limits {
     pub max_bulk_len: usize,
     /// Largest array accepted, in elements.
     pub max_array_len: usize,
-    /// Deepest nesting of arrays accepted (a flat array has depth 1). At most
-    /// [`MAX_DEPTH`]; larger values are clamped to it.
+    /// Deepest nesting of arrays accepted (a flat array has depth 1). Clamped to
+    /// `1..=`[`MAX_DEPTH`]: 0 reads as 1.
     pub max_depth: usize,
     /// Longest simple string, error or integer line accepted, in bytes (without CRLF).
     pub max_line_len: usize,

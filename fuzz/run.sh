@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# A bounded fuzz session of every RESP2 fuzz target, for CI or by hand.
+#
+#   fuzz/run.sh [SECONDS]     (default 30 seconds per target)
+#
+# Each target runs with debug assertions (overflow checks) on a copy of the committed
+# corpus in a temporary directory, so the checkout stays clean. Exits non-zero if a
+# target finds a crash (the input is kept under fuzz/artifacts/<target>/, which is
+# git-ignored). If cargo-fuzz is missing and cannot be installed, says so and exits 0.
+set -euo pipefail
+
+SECONDS_PER_TARGET="${1:-30}"
+case "$SECONDS_PER_TARGET" in
+    '' | *[!0-9]*)
+        echo "usage: $0 [SECONDS]" >&2
+        exit 2
+        ;;
+esac
+TARGETS=(resp_parse resp_roundtrip)
+FUZZ_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$FUZZ_DIR"
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "cargo-fuzz not found: installing it"
+    if ! cargo install cargo-fuzz --locked; then
+        echo "cargo-fuzz could not be installed: skipping the bounded fuzz session"
+        exit 0
+    fi
+fi
+
+# libFuzzer needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.
+export RUSTC_BOOTSTRAP=1
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/quorumlock-fuzz.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+
+status=0
+summary=()
+for target in "${TARGETS[@]}"; do
+    corpus="$WORK/corpus/$target"
+    mkdir -p "$corpus"
+    if [ -d "corpus/$target" ]; then
+        cp -R "corpus/$target/." "$corpus/"
+    fi
+    log="$WORK/$target.log"
+    echo "== $target: ${SECONDS_PER_TARGET}s on a copy of corpus/$target ($(find "$corpus" -type f | wc -l) files)"
+    set +e
+    cargo fuzz run "$target" --debug-assertions "$corpus" -- \
+        -max_total_time="$SECONDS_PER_TARGET" -print_final_stats=1 >"$log" 2>&1
+    rc=$?
+    set -e
+    execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)"
+    if [ -z "$execs" ]; then
+        execs="$(sed -n 's/^#\([0-9][0-9]*\)[[:space:]]*DONE.*/\1/p' "$log" | tail -n 1)"
+    fi
+    if [ "$rc" -ne 0 ]; then
+        status=1
+        echo "!! $target FAILED (exit $rc) after ${execs:-?} executions; end of its log:"
+        tail -n 60 "$log"
+        summary+=("$target: FAILED after ${execs:-?} executions")
+    else
+        echo "   $target: ${execs:-?} executions, no crash"
+        summary+=("$target: ${execs:-?} executions, no crash")
+    fi
+done
+
+echo "== summary"
+printf '   %s\n' "${summary[@]}"
+exit "$status"

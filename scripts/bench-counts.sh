@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Counts that scheduling noise cannot move, per acquire+release cycle on 5 local nodes:
+# system calls (strace -c), user-space instructions (callgrind Ir) and heap allocations,
+# for the `floor` client, the floor that decides its acquire at quorum, and quorumlock.
+#
+# Method: the client binary (`benches/compare.rs` in `--count-mode ROW N`) does a fixed
+# setup and warm-up, then N cycles. Each row runs twice, with N1 and N2 cycles; the
+# per-cycle figure is (count(N2) - count(N1)) / (N2 - N1), so setup and warm-up cancel.
+# The 5 redis-server nodes are started here, before the traced process, and passed in
+# COMPARE_PORTS: only the client is traced.
+#
+# Usage: scripts/bench-counts.sh            (N1=2000, N2=4000)
+#        N1=500 N2=1000 scripts/bench-counts.sh
+set -euo pipefail
+
+N1=${N1:-2000}
+N2=${N2:-4000}
+ROWS=${ROWS:-"floor floor-quorum quorumlock"}
+cd "$(dirname "$0")/.."
+
+need() {
+    if ! command -v "$1" >/dev/null 2>&1; then
+        echo "installing $2 ..." >&2
+        apt-get install -y "$2" >/dev/null 2>&1 ||
+            { apt-get update >/dev/null 2>&1 && apt-get install -y "$2" >/dev/null; }
+    fi
+}
+need strace strace
+need valgrind valgrind
+need redis-server redis-server
+
+echo "building the compare bench ..." >&2
+cargo bench --bench compare --no-run >/dev/null 2>&1 || cargo bench --bench compare --no-run
+BIN=$(cargo bench --bench compare --no-run --message-format=json 2>/dev/null |
+    grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep '/compare-' | tail -n1)
+[ -x "$BIN" ] || { echo "compare bench binary not found" >&2; exit 1; }
+
+WORK=$(mktemp -d /tmp/quorumlock-counts.XXXXXX)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do
+        kill -CONT "$pid" 2>/dev/null || true
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT INT TERM
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+PORTS=()
+for i in 0 1 2 3 4; do
+    for attempt in 1 2 3 4 5; do
+        port=$(free_port)
+        mkdir -p "$WORK/n$i"
+        redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+            --daemonize no --dir "$WORK/n$i" --logfile "$WORK/n$i/redis.log" \
+            --protected-mode no >/dev/null 2>&1 &
+        pid=$!
+        ok=0
+        for _ in $(seq 1 200); do
+            if redis-cli -p "$port" ping 2>/dev/null | grep -q PONG; then ok=1; break; fi
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.02
+        done
+        if [ "$ok" = 1 ]; then
+            PIDS+=("$pid")
+            PORTS+=("$port")
+            break
+        fi
+        kill "$pid" 2>/dev/null || true
+    done
+done
+[ "${#PORTS[@]}" = 5 ] || { echo "could not start 5 redis-server nodes" >&2; exit 1; }
+export COMPARE_PORTS
+COMPARE_PORTS=$(IFS=,; echo "${PORTS[*]}")
+echo "nodes on ports $COMPARE_PORTS (pids ${PIDS[*]})" >&2
+
+# strace -c summary -> "total_calls name=calls ..." (one line)
+strace_counts() { # row n
+    local out="$WORK/strace.$1.$2"
+    strace -f -c -o "$out" "$BIN" --count-mode "$1" "$2" >"$WORK/stdout.strace.$1.$2"
+    # Lines: "% time seconds usecs/call calls [errors] syscall"; the last field is the name.
+    awk '/^-/ {next} /^ *[0-9.]+ +[0-9.]+ +[0-9]+ +[0-9]+/ {print $NF, $4}' "$out"
+}
+
+callgrind_ir() { # row n
+    local out="$WORK/callgrind.$1.$2"
+    valgrind --tool=callgrind --callgrind-out-file="$out" \
+        "$BIN" --count-mode "$1" "$2" >"$WORK/stdout.cg.$1.$2" 2>"$WORK/cg.log.$1.$2"
+    # "summary: <Ir>" (older valgrind) or "totals: <Ir>".
+    awk '/^(summary|totals):/ {print $2; exit}' "$out"
+}
+
+allocs_of() { # stdout file -> allocations in the measured phase
+    sed -n 's/.*allocs=\([0-9]*\).*/\1/p' "$1"
+}
+
+declare -A SYS IR ALLOC BREAK
+D=$((N2 - N1))
+for row in $ROWS; do
+    echo "row $row: strace N=$N1,$N2 ..." >&2
+    strace_counts "$row" "$N1" >"$WORK/s1"
+    strace_counts "$row" "$N2" >"$WORK/s2"
+    SYS[$row]=$(awk -v d="$D" 'NR==FNR {a[$1]=$2; next} $1=="total" {printf "%.2f", ($2-a["total"])/d}' \
+        "$WORK/s1" "$WORK/s2")
+    BREAK[$row]=$(awk -v d="$D" 'NR==FNR {a[$1]=$2; next} $1!="total" {
+            v=($2-a[$1])/d; if (v >= 0.05) printf "%s %.2f, ", $1, v }' "$WORK/s1" "$WORK/s2" |
+        sed 's/, $//')
+    echo "row $row: callgrind N=$N1,$N2 ..." >&2
+    i1=$(callgrind_ir "$row" "$N1")
+    i2=$(callgrind_ir "$row" "$N2")
+    IR[$row]=$(awk -v a="$i1" -v b="$i2" -v d="$D" 'BEGIN {printf "%.0f", (b-a)/d}')
+    a1=$(allocs_of "$WORK/stdout.cg.$row.$N1")
+    a2=$(allocs_of "$WORK/stdout.cg.$row.$N2")
+    ALLOC[$row]=$(awk -v a="$a1" -v b="$a2" -v n1="$N1" -v n2="$N2" \
+        'BEGIN {printf "%.2f (%s/%d, %s/%d)", (b-a)/(n2-n1), a, n1, b, n2}')
+done
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a/b; else print "n/a" }'; }
+
+echo
+echo "### Per-cycle counts (acquire + release, 5 nodes; difference of N=$N1 and N=$N2 runs)"
+echo
+echo "Machine: nproc=$(nproc); $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'); $(redis-server --version | cut -d' ' -f1-3); $(strace -V | head -n1); $(valgrind --version)"
+echo
+echo "| row | syscalls/cycle | vs floor | instructions/cycle (user, callgrind Ir) | vs floor | allocations/cycle |"
+echo "|---|---:|---:|---:|---:|---:|"
+for row in $ROWS; do
+    echo "| $row | ${SYS[$row]} | $(ratio "${SYS[$row]}" "${SYS[floor]}") | ${IR[$row]} | $(ratio "${IR[$row]}" "${IR[floor]}") | ${ALLOC[$row]} |"
+done
+echo
+echo "Syscall breakdown per cycle (strace -c -f, only calls with >= 0.05/cycle):"
+echo
+for row in $ROWS; do
+    echo "- $row: ${BREAK[$row]}"
+done
