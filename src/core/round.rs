@@ -53,11 +53,16 @@ pub enum Decision {
     Done,
 }
 
-/// How the driver should treat one reply.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Reaction {
-    /// Count this outcome.
-    Vote(Outcome),
+/// What one reply means for the lock. Borrows the reply, so that only a failure, the
+/// rare case, copies anything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reaction<'a> {
+    /// A yes vote: locked, extended or released on this node.
+    Yes,
+    /// A no vote: held by another token (acquire), not ours or gone (extend, release).
+    No,
+    /// The server refused the command with this error reply (`OOM`, `LOADING`, ...).
+    Refused(&'a [u8]),
     /// The server lost its script cache: send the script with `EVAL` and wait again.
     NoScript,
     /// The reply does not fit the command: count the failure and reset the connection,
@@ -72,30 +77,26 @@ pub enum Reaction {
 /// ```
 /// use quorumlock::core::round::{interpret, Kind, Reaction};
 /// use quorumlock::resp::Reply;
-/// use quorumlock::Outcome;
 ///
-/// assert_eq!(interpret(Kind::Acquire, &Reply::Simple(b"OK")), Reaction::Vote(Outcome::Locked));
-/// assert_eq!(interpret(Kind::Acquire, &Reply::Bulk(None)), Reaction::Vote(Outcome::Held));
+/// assert_eq!(interpret(Kind::Acquire, &Reply::Simple(b"OK")), Reaction::Yes);
+/// assert_eq!(interpret(Kind::Acquire, &Reply::Bulk(None)), Reaction::No);
 /// assert_eq!(interpret(Kind::Release, &Reply::Error(b"NOSCRIPT No matching script")), Reaction::NoScript);
 /// ```
-pub fn interpret(kind: Kind, reply: &Reply<'_>) -> Reaction {
-    match (kind, reply) {
+#[inline]
+pub fn interpret<'a>(kind: Kind, reply: &Reply<'a>) -> Reaction<'a> {
+    match (kind, *reply) {
         (_, Reply::Error(msg)) => {
             if kind != Kind::Acquire && msg.starts_with(b"NOSCRIPT") {
                 Reaction::NoScript
             } else {
-                Reaction::Vote(Outcome::Failed(NodeError::Server(
-                    String::from_utf8_lossy(msg).into_owned(),
-                )))
+                Reaction::Refused(msg)
             }
         }
-        (Kind::Acquire, Reply::Simple(b"OK")) => Reaction::Vote(Outcome::Locked),
-        (Kind::Acquire, Reply::Bulk(None)) => Reaction::Vote(Outcome::Held),
+        (Kind::Acquire, Reply::Simple(b"OK")) => Reaction::Yes,
+        (Kind::Acquire, Reply::Bulk(None)) => Reaction::No,
         (Kind::Acquire, _) => Reaction::Desync("SET NX answered with neither OK nor nil"),
-        (Kind::Extend, Reply::Integer(1)) => Reaction::Vote(Outcome::Locked),
-        (Kind::Extend, Reply::Integer(0)) => Reaction::Vote(Outcome::Held),
-        (Kind::Release, Reply::Integer(1)) => Reaction::Vote(Outcome::Released),
-        (Kind::Release, Reply::Integer(0)) => Reaction::Vote(Outcome::NotHeld),
+        (_, Reply::Integer(1)) => Reaction::Yes,
+        (_, Reply::Integer(0)) => Reaction::No,
         (_, _) => Reaction::Desync("script answered with something other than 0 or 1"),
     }
 }
@@ -247,6 +248,7 @@ impl Round {
     }
 
     /// Records `node`'s vote for `slot`. A second vote for the same pair is ignored.
+    #[inline]
     pub fn record(&mut self, node: usize, slot: usize, outcome: Outcome, now: Instant) {
         let index = slot * self.nodes + node;
         let Some(vote) = self.votes.get_mut(index) else {
@@ -273,6 +275,27 @@ impl Round {
             }
         };
         self.decide(slot, now);
+    }
+
+    /// Records a yes or no vote: the hot-path form of [`Round::record`].
+    #[inline]
+    pub fn tally(&mut self, node: usize, slot: usize, yes: bool, now: Instant) {
+        let index = slot * self.nodes + node;
+        match self.votes.get_mut(index) {
+            Some(vote @ Vote::Pending) if node < self.nodes => {
+                let t = &mut self.slots[slot].tally;
+                t.pending -= 1;
+                if yes {
+                    t.yes += 1;
+                    *vote = Vote::Yes;
+                } else {
+                    t.no += 1;
+                    *vote = Vote::No;
+                }
+                self.decide(slot, now);
+            }
+            _ => {}
+        }
     }
 
     /// Records a failure of `node` for every slot it still owes a vote.
@@ -439,33 +462,44 @@ mod tests {
 
     #[test]
     fn interpret_maps_replies_and_flags_desync() {
-        assert_eq!(
-            interpret(Kind::Acquire, &Reply::Integer(1)),
-            Reaction::Desync("SET NX answered with neither OK nor nil")
-        );
-        assert_eq!(
-            interpret(Kind::Extend, &Reply::Integer(1)),
-            Reaction::Vote(Outcome::Locked)
-        );
-        assert_eq!(
-            interpret(Kind::Extend, &Reply::Integer(0)),
-            Reaction::Vote(Outcome::Held)
-        );
-        assert_eq!(
-            interpret(Kind::Release, &Reply::Integer(0)),
-            Reaction::Vote(Outcome::NotHeld)
-        );
+        let desync_set = Reaction::Desync("SET NX answered with neither OK nor nil");
+        assert_eq!(interpret(Kind::Acquire, &Reply::Integer(1)), desync_set);
+        assert_eq!(interpret(Kind::Extend, &Reply::Integer(1)), Reaction::Yes);
+        assert_eq!(interpret(Kind::Extend, &Reply::Integer(0)), Reaction::No);
+        assert_eq!(interpret(Kind::Release, &Reply::Integer(0)), Reaction::No);
         assert!(matches!(
             interpret(Kind::Release, &Reply::Integer(7)),
             Reaction::Desync(_)
         ));
         assert!(matches!(
+            interpret(Kind::Release, &Reply::Simple(b"OK")),
+            Reaction::Desync(_)
+        ));
+        // NOSCRIPT cannot happen to SET: it is an ordinary refusal there.
+        assert_eq!(
             interpret(Kind::Acquire, &Reply::Error(b"NOSCRIPT x")),
-            Reaction::Vote(Outcome::Failed(_))
-        ));
-        assert!(matches!(
+            Reaction::Refused(b"NOSCRIPT x")
+        );
+        assert_eq!(
             interpret(Kind::Extend, &Reply::Error(b"OOM")),
-            Reaction::Vote(Outcome::Failed(NodeError::Server(_)))
-        ));
+            Reaction::Refused(b"OOM")
+        );
+    }
+
+    #[test]
+    fn tally_and_record_agree() {
+        let t = Instant::now();
+        let (mut a, _) = round(Kind::Release, 3);
+        let (mut b, _) = round(Kind::Release, 3);
+        a.tally(0, 0, true, t);
+        a.tally(1, 0, false, t);
+        a.tally(1, 0, true, t); // second vote ignored
+        b.record(0, 0, Outcome::Released, t);
+        b.record(1, 0, Outcome::NotHeld, t);
+        assert_eq!(
+            a.outcomes(0).collect::<Vec<_>>(),
+            b.outcomes(0).collect::<Vec<_>>()
+        );
+        assert_eq!((a.yes(0), a.answered(0)), (1, 2));
     }
 }

@@ -246,47 +246,69 @@ impl Driver {
             if conn.state != State::Ready {
                 return;
             }
-            let (expect, reaction) = match conn.peek(&self.limits) {
+            let (reply, used) = match conn.peek(&self.limits) {
                 Ok(None) => return,
+                Ok(Some(parsed)) => parsed,
                 Err(e) => return self.fail_conn(node, NodeError::Protocol(e), active, now),
-                Ok(Some((reply, used))) => {
-                    let Some(expect) = conn.pending.front().copied() else {
-                        let e = NodeError::UnexpectedReply("a reply nobody asked for");
-                        return self.fail_conn(node, e, active, now);
-                    };
-                    let reaction = match expect.kind {
-                        Some(kind) => interpret(kind, &reply),
-                        None => match reply {
-                            Reply::Simple(_) => Reaction::Vote(Outcome::Locked),
-                            Reply::Error(msg) => Reaction::Vote(Outcome::Failed(
-                                NodeError::Handshake(String::from_utf8_lossy(msg).into_owned()),
-                            )),
-                            _ => Reaction::Desync(
-                                "AUTH/SELECT answered with something other than a status",
-                            ),
-                        },
-                    };
-                    conn.consume(used);
-                    (expect, reaction)
-                }
             };
-            let current = expect.round == self.round_id && expect.kind.is_some();
-            match reaction {
-                Reaction::Vote(Outcome::Failed(e @ NodeError::Handshake(_))) => {
-                    return self.fail_conn(node, e, active, now);
-                }
-                Reaction::Vote(outcome) => {
-                    if let Some(a) = active.as_deref_mut().filter(|_| current) {
-                        a.round.record(node, expect.slot as usize, outcome, now);
+            let Some(expect) = conn.pending.front().copied() else {
+                let e = NodeError::UnexpectedReply("a reply nobody asked for");
+                return self.fail_conn(node, e, active, now);
+            };
+            let slot = expect.slot as usize;
+            // Votes count only in the round that is waiting for them; handshake and
+            // fire-and-forget replies carry round 0, which never is.
+            let round = active
+                .as_deref_mut()
+                .filter(|_| expect.round == self.round_id)
+                .map(|a| &mut *a.round);
+            // The reply is borrowed from the inbox: act on it before consuming it, and
+            // copy it only to report a failure.
+            let step = match expect.kind {
+                None => match reply {
+                    Reply::Simple(_) => Step::Next,
+                    Reply::Error(msg) => Step::Fail(NodeError::Handshake(lossy(msg))),
+                    _ => Step::Fail(NodeError::UnexpectedReply(
+                        "AUTH/SELECT answered with something other than a status",
+                    )),
+                },
+                Some(kind) => match (interpret(kind, &reply), round) {
+                    (Reaction::Yes, Some(r)) => {
+                        r.tally(node, slot, true, now);
+                        Step::Next
                     }
-                }
-                Reaction::NoScript => {
+                    (Reaction::No, Some(r)) => {
+                        r.tally(node, slot, false, now);
+                        Step::Next
+                    }
+                    (Reaction::Refused(msg), Some(r)) => {
+                        let e = NodeError::Server(lossy(msg));
+                        r.record(node, slot, Outcome::Failed(e), now);
+                        Step::Next
+                    }
+                    (Reaction::NoScript, Some(_)) => Step::NoScript,
+                    (Reaction::Desync(what), round) => {
+                        let e = NodeError::UnexpectedReply(what);
+                        if let Some(r) = round {
+                            r.record(node, slot, Outcome::Failed(e.clone()), now);
+                        }
+                        Step::Fail(e)
+                    }
+                    // A late reply of an earlier round: read and dropped.
+                    (_, None) => Step::Next,
+                },
+            };
+            conn.consume(used);
+            match step {
+                Step::Next => {}
+                Step::Fail(e) => return self.fail_conn(node, e, active, now),
+                Step::NoScript => {
                     // The server lost its script cache (restart, SCRIPT FLUSH): send the
                     // script itself, once, in this same round.
-                    let Some(a) = active.as_deref_mut().filter(|_| current) else {
+                    let Some(a) = active.as_deref_mut() else {
                         continue;
                     };
-                    let Some(item) = a.req.items.get(expect.slot as usize) else {
+                    let Some(item) = a.req.items.get(slot) else {
                         continue;
                     };
                     self.extra.clear();
@@ -294,14 +316,6 @@ impl Driver {
                     if let Err(e) = self.conns[node].send(&self.extra, expect, 1) {
                         return self.fail_conn(node, e, active, now);
                     }
-                }
-                Reaction::Desync(what) => {
-                    if let Some(a) = active.as_deref_mut().filter(|_| current) {
-                        let e = NodeError::UnexpectedReply(what);
-                        a.round
-                            .record(node, expect.slot as usize, Outcome::Failed(e), now);
-                    }
-                    return self.fail_conn(node, NodeError::UnexpectedReply(what), active, now);
                 }
             }
         }
@@ -406,6 +420,17 @@ impl Driver {
             + self.cmd.capacity()
             + self.extra.capacity()
     }
+}
+
+/// What to do after a reply has been consumed.
+enum Step {
+    Next,
+    NoScript,
+    Fail(NodeError),
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
 }
 
 fn encode(out: &mut BytesMut, kind: Kind, item: &Item<'_>, ttl_ms: i64, by_sha: bool) {

@@ -69,17 +69,29 @@ pub fn line<B: BufMut>(out: &mut B, kind: u8, value: u64, negative: bool) {
     out.put_slice(b"\r\n");
 }
 
-/// Formats `value` into the tail of `buf` and returns the digits.
+/// Formats `value` into the tail of `buf` and returns the digits, two at a time.
 fn decimal(buf: &mut [u8; 20], mut value: u64) -> &[u8] {
+    const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+                                2021222324252627282930313233343536373839\
+                                4041424344454647484950515253545556575859\
+                                6061626364656667686970717273747576777879\
+                                8081828384858687888990919293949596979899";
     let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            return &buf[i..];
-        }
+    while value >= 100 {
+        let pair = (value % 100) as usize * 2;
+        value /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
     }
+    if value >= 10 {
+        let pair = value as usize * 2;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
+        i -= 1;
+        buf[i] = b'0' + value as u8;
+    }
+    &buf[i..]
 }
 
 #[cfg(test)]
@@ -98,6 +110,23 @@ mod tests {
             out,
             b"*6\r\n$3\r\nSET\r\n$3\r\nk\r\n\r\n$3\r\ntok\r\n$2\r\nNX\r\n$2\r\nPX\r\n$5\r\n10000\r\n"
         );
+    }
+
+    #[test]
+    fn decimal_matches_std_formatting() {
+        let mut values: Vec<u64> = (0..10_000).collect();
+        values.extend([
+            u64::MAX,
+            u64::MAX - 1,
+            99_999,
+            100_000,
+            1 << 40,
+            10u64.pow(19),
+        ]);
+        for v in values {
+            let mut buf = [0u8; 20];
+            assert_eq!(decimal(&mut buf, v), v.to_string().as_bytes());
+        }
     }
 
     #[test]
