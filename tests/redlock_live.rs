@@ -457,3 +457,18 @@ fn a_holder_that_was_busy_longer_than_node_timeout_still_releases_everywhere() {
         );
     }
 }
+
+#[test]
+fn a_client_left_unused_after_build_is_not_taken_for_lagging() {
+    // Connections open in build() and their handshake is queued then; a client first
+    // used long after must not mistake that old handshake for a node that lags.
+    let cluster = Cluster::start(5);
+    let mut rl = Redlock::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let lock = rl.try_lock("late-start", Duration::from_secs(5)).unwrap();
+    assert!(matches!(rl.unlock(&lock), Ok(5)));
+}

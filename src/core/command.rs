@@ -36,6 +36,31 @@ pub fn extend<B: BufMut>(out: &mut B, key: &[u8], token: &Token, ttl_ms: i64, by
     bulk_int(out, ttl_ms);
 }
 
+/// Rewrites one `EVALSHA` command as encoded by [`release`] or [`extend`] into the same
+/// command with `EVAL` and the script itself, for a node that answered `NOSCRIPT`.
+/// Returns `false` (and writes nothing) for bytes that are not such a command.
+pub fn evalsha_to_eval<B: BufMut>(out: &mut B, cmd: &[u8]) -> bool {
+    const HEAD: usize = 4; // "*5\r\n" or "*6\r\n"
+    const NAME: &[u8] = b"$7\r\nEVALSHA\r\n$40\r\n";
+    let sha_at = HEAD + NAME.len();
+    let rest_at = sha_at + 40 + 2;
+    if cmd.len() < rest_at || cmd.get(HEAD..sha_at) != Some(NAME) {
+        return false;
+    }
+    let script = match &cmd[sha_at..sha_at + 40] {
+        sha if sha == script::RELEASE_SHA => script::RELEASE,
+        sha if sha == script::EXTEND_SHA => script::EXTEND,
+        _ => return false,
+    };
+    out.put_slice(&cmd[..HEAD]);
+    out.put_slice(b"$4\r\nEVAL\r\n");
+    line(out, b'$', script.len() as u64, false);
+    out.put_slice(script);
+    out.put_slice(b"\r\n");
+    out.put_slice(&cmd[rest_at..]);
+    true
+}
+
 fn token_arg<B: BufMut>(out: &mut B, token: &Token) {
     const _: () = assert!(std::mem::size_of::<Token>() == 32);
     out.put_slice(b"$32\r\n");
@@ -82,6 +107,22 @@ mod tests {
                 extend(&mut got, key, &token, 1234, by_sha);
                 command(&mut want, &[name, ext, b"1", key, t, b"1234"]);
                 assert_eq!(got, want);
+            }
+            for by_sha_cmd in [0, 1] {
+                let (mut sha, mut eval, mut rewritten) = (Vec::new(), Vec::new(), Vec::new());
+                if by_sha_cmd == 0 {
+                    release(&mut sha, key, &token, true);
+                    release(&mut eval, key, &token, false);
+                } else {
+                    extend(&mut sha, key, &token, 77, true);
+                    extend(&mut eval, key, &token, 77, false);
+                }
+                assert!(evalsha_to_eval(&mut rewritten, &sha));
+                assert_eq!(rewritten, eval);
+                assert!(
+                    !evalsha_to_eval(&mut rewritten, &eval),
+                    "EVAL is not rewritten"
+                );
             }
             let (mut got, mut want) = (Vec::new(), Vec::new());
             acquire(&mut got, key, &token, 30_000);

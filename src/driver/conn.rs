@@ -40,10 +40,19 @@ pub(crate) struct Expect {
     pub round: u64,
     /// Which resource of the round.
     pub slot: u32,
-    /// The command it answers; `None` for the AUTH/SELECT handshake.
-    pub kind: Option<Kind>,
+    /// The command it answers.
+    pub kind: Expected,
     /// When the command was queued, to tell a lagging node.
     pub sent_at: Instant,
+}
+
+/// The command a reply answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Expected {
+    /// A handshake command (AUTH, SELECT, PING) and the status it must answer.
+    Status(&'static [u8]),
+    /// A lock command.
+    Command(Kind),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,26 +188,31 @@ impl NodeConn {
                 Some(u) => command(&mut self.outbox, &[b"AUTH", u.as_bytes(), pw.as_bytes()]),
                 None => command(&mut self.outbox, &[b"AUTH", pw.as_bytes()]),
             }
-            self.expect_handshake(now);
+            self.expect_status(b"OK", now);
         }
         if self.endpoint.db != 0 {
             let db = self.endpoint.db.to_string();
             command(&mut self.outbox, &[b"SELECT", db.as_bytes()]);
-            self.expect_handshake(now);
+            self.expect_status(b"OK", now);
         }
+        // PING last: its PONG proves the stream is in step before any lock reply is
+        // counted. Bytes a server sends unasked right after accepting meet the PING's
+        // entry, not a lock command's, and fail the connection.
+        command(&mut self.outbox, &[b"PING"]);
+        self.expect_status(b"PONG", now);
     }
 
-    fn expect_handshake(&mut self, now: Instant) {
+    fn expect_status(&mut self, status: &'static [u8], now: Instant) {
         self.pending.push_back(Expect {
             round: 0,
             slot: 0,
-            kind: None,
+            kind: Expected::Status(status),
             sent_at: now,
         });
     }
 
     /// After an event on a connecting socket: `Ok(true)` once connected.
-    pub fn finish_connect(&mut self) -> Result<bool, NodeError> {
+    pub fn finish_connect(&mut self, now: Instant) -> Result<bool, NodeError> {
         match &self.stream {
             Some(Stream::Tcp(s)) => {
                 if let Some(e) = s.take_error()? {
@@ -217,7 +231,19 @@ impl NodeConn {
             }
             None => return Err(NodeError::Closed),
         }
+        // Nothing has been written yet, so any byte already here is one no command asked
+        // for; matched to our first command, it would be taken for its answer.
+        if !self.outbox.is_empty() {
+            self.read(&Limits::default(), true)?;
+            if self.tail > self.head {
+                return Err(NodeError::UnexpectedReply("data before any command"));
+            }
+        }
         self.state = State::Ready;
+        // What was queued while connecting is only written now: the lag clock starts here.
+        for expect in &mut self.pending {
+            expect.sent_at = now;
+        }
         self.flush()?;
         Ok(true)
     }
@@ -266,8 +292,9 @@ impl NodeConn {
     ///
     /// A read that returns less than the free space means the socket was drained at that
     /// moment, and any later byte raises a new edge: that saves the extra `read` that
-    /// would only return `WouldBlock`.
-    pub fn read(&mut self, limits: &Limits) -> Result<bool, NodeError> {
+    /// would only return `WouldBlock`. A close that came with the data raises no new edge,
+    /// so when the event says the peer closed (`drain`), read on to the end.
+    pub fn read(&mut self, limits: &Limits, drain: bool) -> Result<bool, NodeError> {
         loop {
             if self.tail == self.inbox.len() {
                 self.make_room(limits)?;
@@ -283,7 +310,7 @@ impl NodeConn {
                 Ok(0) => return Ok(true),
                 Ok(n) => {
                     self.tail += n;
-                    if n < free {
+                    if n < free && !drain {
                         return Ok(false);
                     }
                 }

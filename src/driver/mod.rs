@@ -17,8 +17,12 @@
 //! - A node that still owes replies older than `node_timeout` is "lagging": it is sent
 //!   nothing new and not waited for, so a frozen minority costs nothing once it has been
 //!   seen to lag, and its backlog does not grow.
-//! - A connection that was idle when a round began and turns out closed (server timeout,
-//!   `CLIENT KILL`, restart) is reopened and the command resent once, within the round.
+//! - A connection found closed during a round (server timeout, `CLIENT KILL`, restart)
+//!   is reopened and the command resent once, within the round.
+//! - Before a lock or extend command goes out, one non-blocking poll takes in whatever
+//!   arrived meanwhile, so a byte no command asked for is caught as such instead of
+//!   being read as the answer to the new command.
+//! - A node lagging for `max(20 × node_timeout, 1 s)` has its connection reset.
 
 pub(crate) mod conn;
 
@@ -29,7 +33,7 @@ use crate::core::token::Token;
 use crate::error::{NodeError, Outcome};
 use crate::resp::{Limits, Reply};
 use bytes::BytesMut;
-use conn::{Expect, NodeConn, State};
+use conn::{Expect, Expected, NodeConn, State};
 use mio::{Events, Poll};
 use std::io;
 use std::time::{Duration, Instant};
@@ -59,16 +63,25 @@ pub(crate) struct Driver {
     poll: Poll,
     events: Events,
     pub conns: Vec<NodeConn>,
-    /// The current round's commands, encoded once for every node.
+    /// The current round's commands, encoded once for every node; `offsets[k]` is where
+    /// slot `k`'s command starts (and the last entry where the commands end).
     cmd: BytesMut,
+    offsets: Vec<usize>,
+    /// The previous round's commands: a `NOSCRIPT` that arrives after its round was
+    /// decided is still answered with `EVAL` from here.
+    cmd_prev: BytesMut,
+    offsets_prev: Vec<usize>,
     /// Scratch for per-node extras: EVAL after NOSCRIPT, releases after a lost attempt.
     extra: BytesMut,
     /// Round ids start at 1; 0 tags replies that no round waits for.
     round_id: u64,
-    /// Per node: idle when this round began and not yet resent, so a closed
-    /// connection may be reopened once within the round.
+    /// Per node: not yet resent in this round, so a connection found closed may be
+    /// reopened once within the round.
     may_resend: Vec<bool>,
     node_timeout: Duration,
+    /// A node lagging this long has its connection reset: a stream that lost bytes (a
+    /// broken middlebox) would never catch up, and a new connection starts in step.
+    stale_after: Duration,
     connect_timeout: Duration,
     max_backoff: Duration,
     limits: Limits,
@@ -87,10 +100,14 @@ impl Driver {
                 .map(|(i, e)| NodeConn::new(e.clone(), i, now))
                 .collect(),
             cmd: BytesMut::with_capacity(512),
+            offsets: Vec::with_capacity(2),
+            cmd_prev: BytesMut::with_capacity(512),
+            offsets_prev: Vec::with_capacity(2),
             extra: BytesMut::with_capacity(512),
             round_id: 0,
             may_resend: vec![false; settings.nodes.len()],
             node_timeout: settings.node_timeout,
+            stale_after: (settings.node_timeout * 20).max(Duration::from_secs(1)),
             connect_timeout: settings.connect_timeout,
             max_backoff: settings.max_backoff,
             limits: settings.limits,
@@ -110,17 +127,31 @@ impl Driver {
     /// Runs one round of `req` on every node; returns when `round` has decided every slot
     /// or `node_timeout` has passed. Returns the instant the round started.
     pub fn run(&mut self, round: &mut Round, req: &Request<'_>) -> Instant {
-        let start = Instant::now();
+        let start = if req.kind == Kind::Release {
+            Instant::now()
+        } else {
+            // Before a lock or extend goes out, take in what arrived while the caller was
+            // away: late replies, closed connections, and bytes no command asked for,
+            // which would otherwise be taken for the answer to this command. One
+            // non-blocking epoll_wait; a release, whose count is all it reports, skips it.
+            self.poll_once(Duration::ZERO, None)
+        };
         self.round_id += 1;
         round.begin(req.kind, self.conns.len(), req.items.len());
+        std::mem::swap(&mut self.cmd, &mut self.cmd_prev);
+        std::mem::swap(&mut self.offsets, &mut self.offsets_prev);
         self.cmd.clear();
+        self.offsets.clear();
         for item in req.items {
+            self.offsets.push(self.cmd.len());
             encode(&mut self.cmd, req.kind, item, req.ttl_ms, true);
         }
+        self.offsets.push(self.cmd.len());
         let mut active = Active { round, req };
         let lag_cutoff = start.checked_sub(self.node_timeout);
+        let stale_cutoff = start.checked_sub(self.stale_after);
         for node in 0..self.conns.len() {
-            self.start_node(node, &mut active, start, lag_cutoff);
+            self.start_node(node, &mut active, start, lag_cutoff, stale_cutoff);
         }
         let deadline = start + self.node_timeout;
         let mut now = start;
@@ -141,7 +172,23 @@ impl Driver {
         active: &mut Active<'_>,
         now: Instant,
         lag_cutoff: Option<Instant>,
+        stale_cutoff: Option<Instant>,
     ) {
+        if self.conns[node].is_lagging(lag_cutoff) {
+            // The caller may simply not have polled for a while (it was busy in its
+            // critical section) while the replies sit unread in the socket: read them
+            // before calling the node lagging.
+            self.on_event(node, true, false, None, now);
+            if self.conns[node].is_lagging(stale_cutoff) {
+                let conn = &mut self.conns[node];
+                conn.fail(
+                    self.poll.registry(),
+                    NodeError::Lagging,
+                    now,
+                    self.max_backoff,
+                );
+            }
+        }
         let conn = &mut self.conns[node];
         conn.maintain(
             self.poll.registry(),
@@ -154,30 +201,17 @@ impl Driver {
             return;
         }
         if conn.is_lagging(lag_cutoff) {
-            // The caller may simply not have polled for a while (it was busy in its
-            // critical section) while the replies sit unread in the socket: read them
-            // before calling the node lagging.
-            self.on_event(node, true, None, now);
-            if self.conns[node].state == State::Down {
-                active
-                    .round
-                    .fail_node(node, &self.conns[node].down_error(), now);
-                return;
-            }
-        }
-        let conn = &mut self.conns[node];
-        if conn.is_lagging(lag_cutoff) {
             // Nothing new is queued for a node that does not read: its backlog would only
             // grow. A lock command still queued there may apply when it wakes up; that key
             // then holds only that node, for at most the ttl, under a token nobody reuses.
             active.round.fail_node(node, &NodeError::Lagging, now);
             return;
         }
-        self.may_resend[node] = conn.pending.is_empty();
+        self.may_resend[node] = true;
         let expect = Expect {
             round: self.round_id,
             slot: 0,
-            kind: Some(active.req.kind),
+            kind: Expected::Command(active.req.kind),
             sent_at: now,
         };
         if let Err(e) = conn.send(&self.cmd, expect, active.req.items.len()) {
@@ -192,8 +226,9 @@ impl Driver {
         let now = Instant::now();
         if polled.is_ok() {
             for ev in events.iter() {
-                let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
-                self.on_event(ev.token().0, readable, active.as_deref_mut(), now);
+                let closed = ev.is_read_closed() || ev.is_error();
+                let readable = ev.is_readable() || closed;
+                self.on_event(ev.token().0, readable, closed, active.as_deref_mut(), now);
             }
         }
         // An interrupted or failed wait just loops again; the round's deadline bounds it.
@@ -205,6 +240,7 @@ impl Driver {
         &mut self,
         node: usize,
         readable: bool,
+        closed: bool,
         active: Option<&mut Active<'_>>,
         now: Instant,
     ) {
@@ -215,7 +251,7 @@ impl Driver {
             return; // an event for a socket already dropped
         }
         if conn.state == State::Connecting {
-            match conn.finish_connect() {
+            match conn.finish_connect(now) {
                 Ok(true) => {}
                 Ok(false) => return,
                 Err(e) => return self.fail_conn(node, e, active, now),
@@ -227,7 +263,7 @@ impl Driver {
         if !readable {
             return;
         }
-        match conn.read(&self.limits) {
+        match conn.read(&self.limits, closed) {
             Ok(closed) => {
                 let mut active = active;
                 self.dispatch(node, active.as_deref_mut(), now);
@@ -265,14 +301,14 @@ impl Driver {
             // The reply is borrowed from the inbox: act on it before consuming it, and
             // copy it only to report a failure.
             let step = match expect.kind {
-                None => match reply {
-                    Reply::Simple(_) => Step::Next,
+                Expected::Status(want) => match reply {
+                    Reply::Simple(got) if got == want => Step::Next,
                     Reply::Error(msg) => Step::Fail(NodeError::Handshake(lossy(msg))),
                     _ => Step::Fail(NodeError::UnexpectedReply(
-                        "AUTH/SELECT answered with something other than a status",
+                        "the handshake (AUTH, SELECT, PING) was answered out of step",
                     )),
                 },
-                Some(kind) => match (interpret(kind, &reply), round) {
+                Expected::Command(kind) => match (interpret(kind, &reply), round) {
                     (Reaction::Yes, Some(r)) => {
                         r.tally(node, slot, true, now);
                         Step::Next
@@ -287,6 +323,7 @@ impl Driver {
                         Step::Next
                     }
                     (Reaction::NoScript, Some(_)) => Step::NoScript,
+                    (Reaction::NoScript, None) => Step::LateNoScript,
                     (Reaction::Desync(what), round) => {
                         let e = NodeError::UnexpectedReply(what);
                         if let Some(r) = round {
@@ -302,6 +339,29 @@ impl Driver {
             match step {
                 Step::Next => {}
                 Step::Fail(e) => return self.fail_conn(node, e, active, now),
+                Step::LateNoScript => {
+                    // The round was decided before this node answered NOSCRIPT; it still
+                    // gets the script (its vote no longer counts), so that every node the
+                    // command reached ends up with the same key state.
+                    let (cmd, offsets) = if expect.round == self.round_id {
+                        (&self.cmd, &self.offsets)
+                    } else if expect.round + 1 == self.round_id {
+                        (&self.cmd_prev, &self.offsets_prev)
+                    } else {
+                        continue;
+                    };
+                    let (Some(&from), Some(&to)) = (offsets.get(slot), offsets.get(slot + 1))
+                    else {
+                        continue;
+                    };
+                    self.extra.clear();
+                    if !command::evalsha_to_eval(&mut self.extra, &cmd[from..to]) {
+                        continue;
+                    }
+                    if let Err(e) = self.conns[node].send(&self.extra, expect, 1) {
+                        return self.fail_conn(node, e, active, now);
+                    }
+                }
                 Step::NoScript => {
                     // The server lost its script cache (restart, SCRIPT FLUSH): send the
                     // script itself, once, in this same round.
@@ -321,9 +381,10 @@ impl Driver {
         }
     }
 
-    /// Drops `node`'s connection. Within a round, a connection that was idle before the
-    /// round and was found closed is reopened and the command resent once; otherwise the
-    /// node's open votes fail.
+    /// Drops `node`'s connection. Within a round, a connection found closed is reopened
+    /// and the command resent once; otherwise the node's open votes fail. A resent lock
+    /// command that the old connection had in fact delivered meets our own key and counts
+    /// as "held": the safe direction.
     fn fail_conn(
         &mut self,
         node: usize,
@@ -331,6 +392,8 @@ impl Driver {
         active: Option<&mut Active<'_>>,
         now: Instant,
     ) {
+        // Closed or reset: most likely the server dropped a connection we had not used
+        // for a while (timeout, CLIENT KILL, restart). Anything else is the node's fault.
         let stale = matches!(error, NodeError::Closed | NodeError::Io(..));
         let resend = std::mem::take(&mut self.may_resend[node]) && stale;
         let conn = &mut self.conns[node];
@@ -344,7 +407,7 @@ impl Driver {
                 let expect = Expect {
                     round: self.round_id,
                     slot: 0,
-                    kind: Some(active.req.kind),
+                    kind: Expected::Command(active.req.kind),
                     sent_at: now,
                 };
                 if conn.send(&self.cmd, expect, active.req.items.len()).is_ok() {
@@ -405,7 +468,7 @@ impl Driver {
             let expect = Expect {
                 round: 0,
                 slot: 0,
-                kind: Some(Kind::Release),
+                kind: Expected::Command(Kind::Release),
                 sent_at: now,
             };
             if let Err(e) = conn.send(&self.extra, expect, lost.len()) {
@@ -426,6 +489,7 @@ impl Driver {
 enum Step {
     Next,
     NoScript,
+    LateNoScript,
     Fail(NodeError),
 }
 

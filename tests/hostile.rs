@@ -1,0 +1,1046 @@
+//! Hostile fake nodes: a plain `TcpListener` on 127.0.0.1:0 that reads the client's
+//! commands and answers with broken, malicious or merely rude RESP.
+//!
+//! Every scenario runs twice:
+//! - 3 real nodes + 2 hostile ones (quorum 3 of 5): `try_lock` must succeed from the
+//!   healthy three and the lock must be valid;
+//! - 1 real node + 2 hostile ones (quorum 2 of 3): `try_lock` must fail with a typed
+//!   error whose per-node outcomes name what the hostile nodes did.
+//!
+//! Then the hostile node must see the client reconnect on a later call (the client
+//! reset the connection), and memory must stay bounded.
+
+mod common;
+
+use common::Cluster;
+use quorumlock::resp::ProtocolError;
+use quorumlock::{Error, Failure, NodeError, Outcome, Redlock};
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+const TTL: Duration = Duration::from_secs(10);
+/// Generous upper bound added to every "no hang" timing assertion.
+const MARGIN: Duration = Duration::from_secs(1);
+
+// ---------------------------------------------------------------------------------------
+// The fake node
+// ---------------------------------------------------------------------------------------
+
+/// What a fake node does with each connection.
+#[derive(Clone, Copy, Debug)]
+enum Script {
+    /// `$10\r\nabc` then EOF.
+    Truncated,
+    /// `$4611686018427387904\r\n` (2^62).
+    HugeBulk,
+    /// `$-2\r\n`.
+    NegativeBulk,
+    /// `*-7\r\n`.
+    NegativeArray,
+    /// `*1\r\n` × 50,000.
+    Deep,
+    /// 4 KiB of seeded pseudo-random bytes per command.
+    Garbage(u64),
+    /// `+OK\r\n` as soon as the connection is accepted (before any command), then `$-1`
+    /// (nil: "held by someone else") to every command.
+    EarlyReply,
+    /// Two replies for every command, in one write: `$-1\r\n+OK\r\n`.
+    DoubleReply,
+    /// `$-1\r\n` to every command, then a second, unrequested `+OK\r\n` 30 ms later.
+    LateSecondReply,
+    /// `+OK\r\n` to every command, one byte per interval.
+    Slowloris(Duration),
+    /// `:5\r\n` to SET, `:0\r\n` to everything else.
+    IntToSet,
+    /// `+OK\r\n` to everything, EVALSHA/EVAL included.
+    OkToScripts,
+    /// `$1000000\r\n` on the first command, then `chunk` bytes of `x` every `every`,
+    /// forever.
+    EndlessBulk { chunk: usize, every: Duration },
+    /// Closes every connection right after accept.
+    CloseOnAccept,
+    /// Accepts, reads, never answers.
+    Silent,
+    /// After the first command, waits this long, sends `$10\r\nabc` and half-closes
+    /// (FIN), then keeps reading (so the client's writes never draw a reset).
+    PartialThenHalfClose(Duration),
+}
+
+struct Shared {
+    script: Script,
+    stop: AtomicBool,
+    accepted: AtomicUsize,
+    commands: AtomicUsize,
+    /// Set when the client sent bytes that are not a RESP array of bulk strings.
+    malformed: Mutex<Option<String>>,
+    streams: Mutex<Vec<TcpStream>>,
+    handlers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A hostile "Redis" on 127.0.0.1:0. Dropping it stops every thread it started.
+struct Fake {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl Fake {
+    fn start(script: Script) -> Fake {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind fake node");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("local_addr");
+        let shared = Arc::new(Shared {
+            script,
+            stop: AtomicBool::new(false),
+            accepted: AtomicUsize::new(0),
+            commands: AtomicUsize::new(0),
+            malformed: Mutex::new(None),
+            streams: Mutex::new(Vec::new()),
+            handlers: Mutex::new(Vec::new()),
+        });
+        let sh = shared.clone();
+        let acceptor = thread::Builder::new()
+            .name("fake-accept".into())
+            .spawn(move || accept_loop(listener, sh))
+            .expect("spawn fake acceptor");
+        Fake {
+            addr,
+            shared,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    /// Connections accepted so far.
+    fn accepted(&self) -> usize {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Complete commands received so far.
+    fn commands(&self) -> usize {
+        self.shared.commands.load(Ordering::SeqCst)
+    }
+
+    /// Panics if the client ever sent bytes that are not a well-formed command.
+    fn assert_client_spoke_resp(&self) {
+        if let Some(what) = guard(&self.shared.malformed).as_ref() {
+            panic!("the client sent malformed bytes to {}: {what}", self.addr);
+        }
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(a) = self.acceptor.take() {
+            let _ = a.join();
+        }
+        for s in guard(&self.shared.streams).drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        let handlers: Vec<_> = guard(&self.shared.handlers).drain(..).collect();
+        for h in handlers {
+            let _ = h.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut index = 0u64;
+    while !shared.stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                shared.accepted.fetch_add(1, Ordering::SeqCst);
+                index += 1;
+                if let Script::CloseOnAccept = shared.script {
+                    let _ = stream.shutdown(Shutdown::Both);
+                    continue;
+                }
+                if let Ok(clone) = stream.try_clone() {
+                    guard(&shared.streams).push(clone);
+                }
+                let sh = shared.clone();
+                let h = thread::Builder::new()
+                    .name("fake-conn".into())
+                    .spawn(move || serve(stream, &sh, index))
+                    .expect("spawn fake conn");
+                let mut handlers = guard(&shared.handlers);
+                handlers.retain(|h| !h.is_finished());
+                handlers.push(h);
+            }
+            Err(_) => thread::sleep(Duration::from_millis(2)),
+        }
+    }
+}
+
+/// Per-connection state of a fake node.
+struct Conn {
+    stream: TcpStream,
+    inbox: Vec<u8>,
+    outbox: VecDeque<u8>,
+    /// Bytes to append to the outbox at a later instant.
+    later: Vec<(Instant, Vec<u8>)>,
+    /// `(bytes per write, interval)` for trickling scripts.
+    pace: Option<(usize, Duration)>,
+    next_write: Instant,
+    endless: Option<usize>,
+    close_when_flushed: bool,
+    half_close_when_flushed: bool,
+    write_closed: bool,
+    rng: u64,
+}
+
+fn serve(stream: TcpStream, shared: &Shared, index: u64) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(2)));
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(20)));
+    let mut c = Conn {
+        stream,
+        inbox: Vec::new(),
+        outbox: VecDeque::new(),
+        later: Vec::new(),
+        pace: None,
+        next_write: Instant::now(),
+        endless: None,
+        close_when_flushed: false,
+        half_close_when_flushed: false,
+        write_closed: false,
+        rng: 0,
+    };
+    match shared.script {
+        Script::EarlyReply => c.outbox.extend(b"+OK\r\n"),
+        Script::Garbage(seed) => c.rng = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+        Script::Slowloris(every) => c.pace = Some((1, every)),
+        Script::EndlessBulk { chunk, every } => c.pace = Some((chunk, every)),
+        _ => {}
+    }
+    let mut buf = vec![0u8; 64 * 1024];
+    while !shared.stop.load(Ordering::SeqCst) {
+        match c.stream.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => c.inbox.extend_from_slice(&buf[..n]),
+            Err(e) if is_timeout(&e) => {}
+            Err(_) => return,
+        }
+        loop {
+            match parse_command(&c.inbox) {
+                Ok(Some((args, used))) => {
+                    c.inbox.drain(..used);
+                    shared.commands.fetch_add(1, Ordering::SeqCst);
+                    react(shared.script, &args, &mut c);
+                }
+                Ok(None) => break,
+                Err(what) => {
+                    guard(&shared.malformed).get_or_insert(what);
+                    return;
+                }
+            }
+        }
+        let now = Instant::now();
+        let mut i = 0;
+        while i < c.later.len() {
+            if c.later[i].0 <= now {
+                let (_, bytes) = c.later.swap_remove(i);
+                c.outbox.extend(bytes);
+            } else {
+                i += 1;
+            }
+        }
+        if let Some(chunk) = c.endless {
+            if c.outbox.is_empty() {
+                c.outbox.extend(std::iter::repeat_n(b'x', chunk));
+            }
+        }
+        if !c.outbox.is_empty() && now >= c.next_write && !c.write_closed {
+            let n = c
+                .pace
+                .map_or(c.outbox.len(), |(k, _)| k.min(c.outbox.len()));
+            let (front, _) = c.outbox.as_slices();
+            let n = n.min(front.len());
+            match c.stream.write(&front[..n]) {
+                Ok(w) => {
+                    c.outbox.drain(..w);
+                    if let Some((_, every)) = c.pace {
+                        c.next_write = now + every;
+                    }
+                }
+                Err(e) if is_timeout(&e) => {}
+                Err(_) => return,
+            }
+        }
+        if c.close_when_flushed && c.outbox.is_empty() {
+            let _ = c.stream.shutdown(Shutdown::Both);
+            return;
+        }
+        if c.half_close_when_flushed && c.outbox.is_empty() && c.later.is_empty() {
+            let _ = c.stream.shutdown(Shutdown::Write);
+            c.half_close_when_flushed = false;
+            c.write_closed = true;
+        }
+    }
+}
+
+fn react(script: Script, args: &[Vec<u8>], c: &mut Conn) {
+    let cmd = args
+        .first()
+        .map(|a| a.to_ascii_uppercase())
+        .unwrap_or_default();
+    // The client's handshake ends with PING: most fakes answer it like a real server, so
+    // that their hostility meets the lock commands. The ones whose point is to misbehave
+    // from the first byte answer it like any other command.
+    let hostile_from_the_start = matches!(
+        script,
+        Script::EarlyReply | Script::Garbage(_) | Script::Silent | Script::CloseOnAccept
+    );
+    if cmd == b"PING" && !hostile_from_the_start {
+        c.outbox.extend(b"+PONG\r\n");
+        return;
+    }
+    match script {
+        Script::Truncated => {
+            c.outbox.extend(b"$10\r\nabc");
+            c.close_when_flushed = true;
+        }
+        Script::HugeBulk => c.outbox.extend(b"$4611686018427387904\r\n"),
+        Script::NegativeBulk => c.outbox.extend(b"$-2\r\n"),
+        Script::NegativeArray => c.outbox.extend(b"*-7\r\n"),
+        Script::Deep => {
+            for _ in 0..50_000 {
+                c.outbox.extend(b"*1\r\n");
+            }
+        }
+        Script::Garbage(_) => {
+            for _ in 0..4096 {
+                // xorshift64*
+                c.rng ^= c.rng >> 12;
+                c.rng ^= c.rng << 25;
+                c.rng ^= c.rng >> 27;
+                let x = c.rng.wrapping_mul(0x2545_F491_4F6C_DD1D);
+                c.outbox.push_back((x >> 56) as u8);
+            }
+        }
+        Script::EarlyReply => c.outbox.extend(b"$-1\r\n"),
+        Script::DoubleReply => c.outbox.extend(b"$-1\r\n+OK\r\n"),
+        Script::LateSecondReply => {
+            c.outbox.extend(b"$-1\r\n");
+            c.later.push((
+                Instant::now() + Duration::from_millis(30),
+                b"+OK\r\n".to_vec(),
+            ));
+        }
+        Script::Slowloris(_) => c.outbox.extend(b"+OK\r\n"),
+        Script::IntToSet if cmd == b"SET" => c.outbox.extend(b":5\r\n"),
+        Script::IntToSet => c.outbox.extend(b":0\r\n"),
+        Script::OkToScripts => c.outbox.extend(b"+OK\r\n"),
+        Script::EndlessBulk { chunk, .. } => {
+            if c.endless.is_none() {
+                c.outbox.extend(b"$1000000\r\n");
+                c.endless = Some(chunk);
+            }
+        }
+        Script::PartialThenHalfClose(delay) => {
+            if !c.half_close_when_flushed && !c.write_closed {
+                c.later
+                    .push((Instant::now() + delay, b"$10\r\nabc".to_vec()));
+                c.half_close_when_flushed = true;
+            }
+        }
+        Script::CloseOnAccept | Script::Silent => {}
+    }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
+}
+
+/// A parsed client command and the bytes it took; `None` while incomplete.
+type Parsed = Option<(Vec<Vec<u8>>, usize)>;
+
+/// One client command (an array of bulk strings) from the front of `buf`.
+fn parse_command(buf: &[u8]) -> Result<Parsed, String> {
+    fn header(buf: &[u8], pos: usize, kind: u8) -> Result<Option<(usize, usize)>, String> {
+        let Some(&first) = buf.get(pos) else {
+            return Ok(None);
+        };
+        if first != kind {
+            return Err(format!(
+                "expected {:?} at byte {pos}, got {:?}",
+                kind as char,
+                String::from_utf8_lossy(&buf[pos..buf.len().min(pos + 40)])
+            ));
+        }
+        let Some(rel) = buf[pos..].windows(2).position(|w| w == b"\r\n") else {
+            return Ok(None);
+        };
+        let text = std::str::from_utf8(&buf[pos + 1..pos + rel]).map_err(|e| e.to_string())?;
+        let n = text
+            .parse::<usize>()
+            .map_err(|e| format!("bad length {text:?}: {e}"))?;
+        Ok(Some((n, pos + rel + 2)))
+    }
+    let Some((argc, mut pos)) = header(buf, 0, b'*')? else {
+        return Ok(None);
+    };
+    if argc == 0 {
+        return Err("empty command".into());
+    }
+    let mut args = Vec::with_capacity(argc);
+    for _ in 0..argc {
+        let Some((len, start)) = header(buf, pos, b'$')? else {
+            return Ok(None);
+        };
+        let end = start + len;
+        if buf.len() < end + 2 {
+            return Ok(None);
+        }
+        if &buf[end..end + 2] != b"\r\n" {
+            return Err("bulk argument not terminated by CRLF".into());
+        }
+        args.push(buf[start..end].to_vec());
+        pos = end + 2;
+    }
+    Ok(Some((args, pos)))
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------
+
+fn client(urls: &[String], node_timeout: Duration) -> Redlock {
+    Redlock::builder()
+        .nodes(urls)
+        .node_timeout(node_timeout)
+        .retry_count(0)
+        .max_backoff(Duration::from_millis(50))
+        .build()
+        .expect("valid configuration")
+}
+
+/// `[real0, fake0, real1, fake1, real2]`; returns the URLs and the fakes' indices.
+fn three_real_two_fake(cluster: &Cluster, a: &Fake, b: &Fake) -> (Vec<String>, [usize; 2]) {
+    (
+        vec![
+            cluster.url(0),
+            a.url(),
+            cluster.url(1),
+            b.url(),
+            cluster.url(2),
+        ],
+        [1, 3],
+    )
+}
+
+fn outcome(f: &Failure, node: usize) -> &Outcome {
+    &f.nodes[node].outcome
+}
+
+/// 3 real + 2 hostile: `try_lock` succeeds from the healthy three, the lock is valid and
+/// really held on the real nodes; `unlock` counts only the real nodes.
+fn healthy_majority_wins(cluster: &Cluster, script: Script, resource: &str) {
+    let (a, b) = (Fake::start(script), Fake::start(script));
+    let (urls, _) = three_real_two_fake(cluster, &a, &b);
+    let node_timeout = Duration::from_millis(200);
+    let mut rl = client(&urls, node_timeout);
+    let t = Instant::now();
+    let lock = rl
+        .try_lock(resource, TTL)
+        .unwrap_or_else(|e| panic!("{script:?}: 3 healthy of 5 must win: {e}"));
+    assert!(
+        t.elapsed() < node_timeout + MARGIN,
+        "{script:?}: took {:?}",
+        t.elapsed()
+    );
+    assert!(lock.is_valid(), "{script:?}: {lock:?}");
+    assert!(lock.remaining() > TTL - Duration::from_secs(2), "{lock:?}");
+    assert_eq!(lock.resource(), resource.as_bytes());
+    for i in 0..3 {
+        let token = lock.token().to_vec();
+        assert!(
+            common::wait_until(Duration::from_secs(2), || cluster
+                .node(i)
+                .admin()
+                .get(resource)
+                .as_deref()
+                == Some(&token[..])),
+            "{script:?}: real node {i} does not hold our token"
+        );
+    }
+    let released = rl
+        .unlock(&lock)
+        .unwrap_or_else(|e| panic!("{script:?}: unlock with 3 healthy of 5: {e}"));
+    assert!(released >= 3, "{script:?}: released on {released}");
+    for i in 0..3 {
+        assert!(
+            !cluster.node(i).admin().exists(resource),
+            "{script:?}: node {i}"
+        );
+    }
+    a.assert_client_spoke_resp();
+    b.assert_client_spoke_resp();
+}
+
+/// 1 real + 2 hostile (quorum 2): `try_lock` fails with a typed error; `check` sees each
+/// hostile node's outcome. Returns the client and the fakes for follow-up checks.
+fn hostile_majority_fails(
+    cluster: &Cluster,
+    script: Script,
+    resource: &str,
+    node_timeout: Duration,
+    check: impl Fn(&Outcome) -> bool,
+) -> (Redlock, Fake, Fake) {
+    let (a, b) = (Fake::start(script), Fake::start(script));
+    let urls = vec![cluster.url(0), a.url(), b.url()];
+    let mut rl = client(&urls, node_timeout);
+    let t = Instant::now();
+    let result = rl.try_lock(resource, TTL);
+    let took = t.elapsed();
+    assert!(took < node_timeout + MARGIN, "{script:?}: took {took:?}");
+    let err = match result {
+        Ok(lock) => panic!(
+            "{script:?}: 1 real + 2 hostile nodes must not grant a lock, got {lock:?} \
+             (real node holds {:?})",
+            cluster.node(0).admin().get(resource).map(String::from_utf8)
+        ),
+        Err(e) => e,
+    };
+    let f = match &err {
+        Error::Unavailable(f) | Error::Taken(f) => f,
+        other => panic!("{script:?}: wrong error kind: {other:?}"),
+    };
+    assert_eq!(f.nodes.len(), 3, "{err}");
+    assert_eq!(f.quorum, 2);
+    assert_eq!(f.attempts, 1);
+    assert_eq!(f.resource, resource.as_bytes());
+    for node in [1, 2] {
+        assert!(
+            check(outcome(f, node)),
+            "{script:?}: node {node} outcome {:?} (all: {err})",
+            outcome(f, node)
+        );
+    }
+    assert!(
+        matches!(outcome(f, 0), Outcome::Locked | Outcome::NoReply),
+        "{script:?}: real node: {err}"
+    );
+    // The failed attempt released what it set on the real node.
+    assert!(
+        common::wait_until(Duration::from_secs(2), || !cluster
+            .node(0)
+            .admin()
+            .exists(resource)),
+        "{script:?}: the failed attempt left its key on the real node"
+    );
+    (rl, a, b)
+}
+
+/// Later calls make the client reconnect to both fakes (it reset the connection), and
+/// never panic or return anything but a typed lock error.
+fn client_reconnects(rl: &mut Redlock, fakes: [&Fake; 2], resource: &str) {
+    let before = fakes.map(Fake::accepted);
+    let reconnected = common::wait_until(Duration::from_secs(5), || {
+        match rl.try_lock(resource, TTL) {
+            Ok(lock) => panic!("hostile majority granted a lock: {lock:?}"),
+            Err(Error::Unavailable(f) | Error::Taken(f)) => assert_eq!(f.nodes.len(), 3),
+            Err(e) => panic!("unexpected error kind: {e:?}"),
+        }
+        fakes.iter().zip(before).all(|(f, n)| f.accepted() > n)
+    });
+    assert!(
+        reconnected,
+        "the client never reconnected: accepted {before:?} -> {:?}",
+        fakes.map(Fake::accepted)
+    );
+    for f in fakes {
+        f.assert_client_spoke_resp();
+    }
+}
+
+/// Both halves of one scenario plus the reconnect check.
+fn scenario(script: Script, node_timeout: Duration, check: impl Fn(&Outcome) -> bool) {
+    let cluster = Cluster::start(3);
+    let resource = format!("hostile:{script:?}");
+    healthy_majority_wins(&cluster, script, &resource);
+    let (mut rl, a, b) = hostile_majority_fails(&cluster, script, &resource, node_timeout, check);
+    client_reconnects(&mut rl, [&a, &b], &resource);
+}
+
+fn protocol(e: ProtocolError) -> impl Fn(&Outcome) -> bool {
+    move |o| *o == Outcome::Failed(NodeError::Protocol(e))
+}
+
+// ---------------------------------------------------------------------------------------
+// (a)-(i)
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn truncated_reply_then_eof() {
+    scenario(Script::Truncated, Duration::from_millis(200), |o| {
+        *o == Outcome::Failed(NodeError::Closed)
+    });
+}
+
+#[test]
+fn bulk_length_of_2_pow_62() {
+    scenario(
+        Script::HugeBulk,
+        Duration::from_millis(200),
+        protocol(ProtocolError::BulkTooLong),
+    );
+}
+
+#[test]
+fn negative_bulk_length() {
+    scenario(
+        Script::NegativeBulk,
+        Duration::from_millis(200),
+        protocol(ProtocolError::NegativeLength),
+    );
+}
+
+#[test]
+fn negative_array_length() {
+    scenario(
+        Script::NegativeArray,
+        Duration::from_millis(200),
+        protocol(ProtocolError::NegativeLength),
+    );
+}
+
+#[test]
+fn array_nested_50000_deep() {
+    scenario(
+        Script::Deep,
+        Duration::from_millis(200),
+        protocol(ProtocolError::TooDeep),
+    );
+}
+
+#[test]
+fn seeded_garbage() {
+    scenario(
+        Script::Garbage(0x5EED_1234_ABCD_0001),
+        Duration::from_millis(200),
+        |o| matches!(o, Outcome::Failed(NodeError::Protocol(_))),
+    );
+}
+
+#[test]
+fn two_replies_for_one_command() {
+    // The first reply is a legitimate "nil" (held elsewhere); the second is one nobody
+    // asked for and must reset the connection, never count as a vote.
+    scenario(Script::DoubleReply, Duration::from_millis(200), |o| {
+        matches!(
+            o,
+            Outcome::Held | Outcome::Failed(NodeError::UnexpectedReply(_))
+        )
+    });
+}
+
+#[test]
+fn reply_sent_before_any_command() {
+    // The fake says `+OK` the moment it accepts, before the client has written anything,
+    // and answers nil to every real command. It never agreed to a lock, so it must never
+    // be counted as `Locked`.
+    let cluster = Cluster::start(1);
+    let (a, b) = (
+        Fake::start(Script::EarlyReply),
+        Fake::start(Script::EarlyReply),
+    );
+    let urls = vec![cluster.url(0), a.url(), b.url()];
+    let mut rl = client(&urls, Duration::from_millis(200));
+    // Let the unsolicited bytes arrive in the client's socket before the first command.
+    assert!(common::wait_until(Duration::from_secs(2), || a.accepted()
+        >= 1
+        && b.accepted() >= 1));
+    thread::sleep(Duration::from_millis(100));
+    match rl.try_lock("hostile:early", TTL) {
+        Ok(lock) => panic!(
+            "an unsolicited +OK sent before any command was counted as a lock vote: \
+             granted {lock:?} although both fakes answered nil to the SET"
+        ),
+        Err(Error::Unavailable(f) | Error::Taken(f)) => {
+            for node in [1, 2] {
+                assert!(
+                    matches!(
+                        outcome(&f, node),
+                        Outcome::Held | Outcome::Failed(NodeError::UnexpectedReply(_))
+                    ),
+                    "node {node}: {:?}",
+                    outcome(&f, node)
+                );
+            }
+        }
+        Err(e) => panic!("wrong error kind: {e:?}"),
+    }
+}
+
+#[test]
+fn unrequested_second_reply_arriving_between_calls() {
+    // Each command gets nil, then 30 ms later an unrequested `+OK`, which lands in the
+    // client's socket while it is idle. It must not be taken as the answer to the next
+    // command.
+    let cluster = Cluster::start(1);
+    let (a, b) = (
+        Fake::start(Script::LateSecondReply),
+        Fake::start(Script::LateSecondReply),
+    );
+    let urls = vec![cluster.url(0), a.url(), b.url()];
+    let mut rl = client(&urls, Duration::from_millis(200));
+    for call in 0..5 {
+        match rl.try_lock("hostile:late", TTL) {
+            Ok(lock) => panic!(
+                "call {call}: a stale unrequested +OK was counted as a lock vote: granted \
+                 {lock:?} although both fakes answered nil to every SET"
+            ),
+            Err(Error::Unavailable(f) | Error::Taken(f)) => {
+                for node in [1, 2] {
+                    assert!(
+                        matches!(
+                            outcome(&f, node),
+                            Outcome::Held
+                                | Outcome::NoReply
+                                | Outcome::Failed(
+                                    NodeError::UnexpectedReply(_)
+                                        | NodeError::Down(_)
+                                        | NodeError::Lagging
+                                )
+                        ),
+                        "call {call}, node {node}: {:?}",
+                        outcome(&f, node)
+                    );
+                }
+            }
+            Err(e) => panic!("wrong error kind: {e:?}"),
+        }
+        thread::sleep(Duration::from_millis(80));
+    }
+}
+
+#[test]
+fn slowloris_one_byte_every_10ms() {
+    // `+OK\r\n` takes >= 40 ms to trickle in; a 20 ms node_timeout never sees it whole.
+    let cluster = Cluster::start(3);
+    let script = Script::Slowloris(Duration::from_millis(10));
+    healthy_majority_wins(&cluster, script, "hostile:slowloris");
+    let (mut rl, a, b) = hostile_majority_fails(
+        &cluster,
+        script,
+        "hostile:slowloris",
+        Duration::from_millis(20),
+        |o| *o == Outcome::NoReply,
+    );
+    // The trickled `+OK` eventually answers the release of the failed attempt (EVAL),
+    // which is the wrong type: the client must reset and reconnect.
+    client_reconnects(&mut rl, [&a, &b], "hostile:slowloris");
+}
+
+#[test]
+fn integer_reply_to_set() {
+    scenario(Script::IntToSet, Duration::from_millis(200), |o| {
+        matches!(o, Outcome::Failed(NodeError::UnexpectedReply(_)))
+    });
+}
+
+#[test]
+fn status_reply_to_evalsha() {
+    let cluster = Cluster::start(3);
+    let script = Script::OkToScripts;
+    // 3 + 2: the lock is won (the fakes' +OK to SET is a fine vote); unlock counts only
+    // the real nodes, whose keys are gone.
+    healthy_majority_wins(&cluster, script, "hostile:okscript");
+
+    // 1 + 2: SET is "won" (+OK from everyone), but extend and unlock answered +OK by the
+    // fakes must be typed failures naming the bad reply.
+    let (a, b) = (Fake::start(script), Fake::start(script));
+    let urls = vec![cluster.url(0), a.url(), b.url()];
+    let mut rl = client(&urls, Duration::from_millis(200));
+    let mut lock = rl
+        .try_lock("hostile:okscript", TTL)
+        .expect("+OK to SET is a yes vote");
+    let err = rl
+        .extend(&mut lock, TTL)
+        .expect_err("extend answered +OK by 2 of 3 nodes must fail");
+    let Error::Unavailable(f) = &err else {
+        panic!("wrong error kind: {err:?}");
+    };
+    // Two failures decide it: the real node's yes may come after the decision.
+    assert!(
+        matches!(outcome(f, 0), Outcome::Locked | Outcome::NoReply),
+        "{err}"
+    );
+    for node in [1, 2] {
+        assert!(
+            matches!(
+                outcome(f, node),
+                Outcome::Failed(NodeError::UnexpectedReply(_))
+            ),
+            "{err}"
+        );
+    }
+    let err = rl
+        .unlock(&lock)
+        .expect_err("unlock answered by 1 of 3 nodes is not Ok");
+    let Error::Unavailable(f) = &err else {
+        panic!("wrong error kind: {err:?}");
+    };
+    assert_eq!(*outcome(f, 0), Outcome::Released, "{err}");
+    for node in [1, 2] {
+        assert!(
+            matches!(
+                outcome(f, node),
+                Outcome::Failed(NodeError::UnexpectedReply(_) | NodeError::Down(_))
+            ),
+            "{err}"
+        );
+    }
+    assert!(!cluster.node(0).admin().exists("hostile:okscript"));
+    // Each desync reset the connection: the fakes saw the client come back.
+    assert!(
+        common::wait_until(Duration::from_secs(5), || {
+            let _ = rl.unlock(&lock);
+            a.accepted() >= 3 && b.accepted() >= 3
+        }),
+        "accepted {} and {}",
+        a.accepted(),
+        b.accepted()
+    );
+    a.assert_client_spoke_resp();
+    b.assert_client_spoke_resp();
+}
+
+#[test]
+fn endless_bulk_trickling_forever() {
+    // 1 KiB every 10 ms: the 1,000,000-byte bulk would take 10 s, far beyond any round.
+    let cluster = Cluster::start(3);
+    let script = Script::EndlessBulk {
+        chunk: 1024,
+        every: Duration::from_millis(10),
+    };
+    healthy_majority_wins(&cluster, script, "hostile:endless");
+    let (mut rl, a, b) = hostile_majority_fails(
+        &cluster,
+        script,
+        "hostile:endless",
+        Duration::from_millis(100),
+        |o| *o == Outcome::NoReply,
+    );
+    // From now on they owe a reply older than node_timeout: lagging, not waited for.
+    thread::sleep(Duration::from_millis(150));
+    for _ in 0..5 {
+        let t = Instant::now();
+        let err = rl
+            .try_lock("hostile:endless", TTL)
+            .expect_err("hostile majority");
+        assert!(t.elapsed() < Duration::from_millis(100) + MARGIN);
+        let f = err.failure().expect("lock failure");
+        for node in [1, 2] {
+            assert_eq!(
+                *outcome(f, node),
+                Outcome::Failed(NodeError::Lagging),
+                "{err}"
+            );
+        }
+    }
+    assert!(rl.buffered_bytes() < 4 << 20, "{}", rl.buffered_bytes());
+    a.assert_client_spoke_resp();
+    b.assert_client_spoke_resp();
+}
+
+// ---------------------------------------------------------------------------------------
+// Rude but not malformed
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn node_that_closes_every_connection_at_once() {
+    scenario(Script::CloseOnAccept, Duration::from_millis(200), |o| {
+        matches!(
+            o,
+            Outcome::Failed(NodeError::Closed | NodeError::Io(..) | NodeError::Down(_))
+        )
+    });
+}
+
+#[test]
+fn silent_node_costs_node_timeout_at_most_once() {
+    let cluster = Cluster::start(3);
+    let (a, b) = (Fake::start(Script::Silent), Fake::start(Script::Silent));
+    let (urls, fakes) = three_real_two_fake(&cluster, &a, &b);
+    let node_timeout = Duration::from_millis(300);
+    let mut rl = client(&urls, node_timeout);
+    for call in 1..=10 {
+        let t = Instant::now();
+        let lock = rl
+            .try_lock("hostile:silent", TTL)
+            .unwrap_or_else(|e| panic!("call {call}: {e}"));
+        let took = t.elapsed();
+        assert!(lock.is_valid());
+        if call == 1 {
+            assert!(took < node_timeout + MARGIN, "call 1 lock took {took:?}");
+        } else {
+            assert!(
+                took < Duration::from_millis(200),
+                "call {call}: try_lock took {took:?}; the silent nodes should be lagging"
+            );
+        }
+        let t = Instant::now();
+        let released = rl
+            .unlock(&lock)
+            .unwrap_or_else(|e| panic!("call {call}: unlock: {e}"));
+        let took = t.elapsed();
+        assert_eq!(released, 3, "call {call}");
+        if call == 1 {
+            // Release waits for every node not yet known to lag: at most node_timeout.
+            assert!(took < node_timeout + MARGIN, "call 1 unlock took {took:?}");
+        } else {
+            assert!(
+                took < Duration::from_millis(200),
+                "call {call}: unlock took {took:?}; the silent nodes should be lagging"
+            );
+        }
+    }
+    // A lagging node is reported as such.
+    let held = rl.try_lock("hostile:silent", TTL).expect("lock");
+    let mut other = client(&urls, node_timeout);
+    let _ = other.try_lock("warm", TTL);
+    thread::sleep(node_timeout + Duration::from_millis(50));
+    let err = other
+        .try_lock("hostile:silent", TTL)
+        .expect_err("held by the first client");
+    // Two lagging nodes plus the first "held" already rule out a quorum: Unavailable
+    // (or Taken, if all three real nodes answered first).
+    let (Error::Unavailable(f) | Error::Taken(f)) = &err else {
+        panic!("wrong error kind: {err:?}");
+    };
+    for node in fakes {
+        assert_eq!(
+            *outcome(f, node),
+            Outcome::Failed(NodeError::Lagging),
+            "{err}"
+        );
+    }
+    assert!(
+        f.nodes.iter().all(|n| matches!(
+            n.outcome,
+            Outcome::Held | Outcome::NoReply | Outcome::Failed(NodeError::Lagging)
+        )),
+        "{err}"
+    );
+    rl.unlock(&held).expect("unlock");
+    assert!(a.commands() >= 1 && b.commands() >= 1);
+    a.assert_client_spoke_resp();
+    b.assert_client_spoke_resp();
+}
+
+#[test]
+fn eof_right_after_a_partial_reply_is_noticed() {
+    // The fakes answer the first SET 50 ms late with a truncated reply and a FIN, both
+    // landing in the client's socket while it is idle (the 3 real nodes already decided
+    // the lock). The next round must notice the EOF at once: fail the fakes as Closed
+    // without waiting for node_timeout, and reconnect to them on a later call.
+    let cluster = Cluster::start(3);
+    let script = Script::PartialThenHalfClose(Duration::from_millis(50));
+    let (a, b) = (Fake::start(script), Fake::start(script));
+    let (urls, _) = three_real_two_fake(&cluster, &a, &b);
+    let node_timeout = Duration::from_secs(1);
+    let mut rl = client(&urls, node_timeout);
+    let lock = rl.try_lock("hostile:eof", TTL).expect("3 real nodes of 5");
+    thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    assert_eq!(rl.unlock(&lock).expect("3 real nodes answer"), 3);
+    let took = t.elapsed();
+    assert!(
+        took < node_timeout / 2,
+        "unlock waited {took:?} (node_timeout {node_timeout:?}) for two nodes whose \
+         server had already closed the connection: the EOF queued behind a partial reply \
+         went unnoticed"
+    );
+    let reconnected = common::wait_until(Duration::from_secs(3), || {
+        let lock = rl.try_lock("hostile:eof", TTL).expect("3 real nodes of 5");
+        rl.unlock(&lock).expect("3 real nodes answer");
+        a.accepted() >= 2 && b.accepted() >= 2
+    });
+    assert!(
+        reconnected,
+        "the client never reconnected to nodes that closed their connections \
+         (accepted {} and {})",
+        a.accepted(),
+        b.accepted()
+    );
+    a.assert_client_spoke_resp();
+    b.assert_client_spoke_resp();
+}
+
+// ---------------------------------------------------------------------------------------
+// Bounded memory
+// ---------------------------------------------------------------------------------------
+
+fn memory_stays_bounded(script: Script) {
+    let cluster = Cluster::start(3);
+    let (a, b) = (Fake::start(script), Fake::start(script));
+    let (urls, _) = three_real_two_fake(&cluster, &a, &b);
+    // Reconnect quickly, so the fakes get to send their bytes again and again.
+    let mut rl = Redlock::builder()
+        .nodes(&urls)
+        .node_timeout(Duration::from_millis(50))
+        .retry_count(0)
+        .max_backoff(Duration::from_millis(2))
+        .build()
+        .expect("config");
+    let limit = 4 << 20;
+    let mut peak = 0;
+    let started = Instant::now();
+    for call in 0..200 {
+        let lock = rl
+            .try_lock("hostile:memory", TTL)
+            .unwrap_or_else(|e| panic!("{script:?} call {call}: {e}"));
+        let released = rl
+            .unlock(&lock)
+            .unwrap_or_else(|e| panic!("{script:?} call {call}: unlock: {e}"));
+        assert!(released >= 3, "{script:?} call {call}: {released}");
+        peak = peak.max(rl.buffered_bytes());
+        assert!(
+            peak < limit,
+            "{script:?} call {call}: buffered {peak} bytes"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // The client kept resetting and reconnecting rather than buffering forever.
+    assert!(
+        a.accepted() >= 3 && b.accepted() >= 3,
+        "{script:?}: accepted {} and {}",
+        a.accepted(),
+        b.accepted()
+    );
+    a.assert_client_spoke_resp();
+    b.assert_client_spoke_resp();
+}
+
+#[test]
+fn memory_bounded_against_garbage() {
+    memory_stays_bounded(Script::Garbage(42));
+}
+
+#[test]
+fn memory_bounded_against_fast_endless_bulk() {
+    memory_stays_bounded(Script::EndlessBulk {
+        chunk: 64 * 1024,
+        every: Duration::from_millis(1),
+    });
+}
