@@ -3,7 +3,7 @@
 //! # Overview
 //!
 //! Commands go out as arrays of bulk strings ([`encode`]); replies come back as one of
-//! five types, which [`decode`] parses in place from a byte slice:
+//! five types, which [`decode()`] parses in place from a byte slice:
 //!
 //! ```text
 //! +OK\r\n                 simple string     Reply::Simple(b"OK")
