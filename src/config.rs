@@ -277,6 +277,10 @@ fn mask(url: &str) -> String {
     }
 }
 
+/// Upper bound of every duration setting: far beyond any sensible value, and far
+/// below what `Instant` arithmetic can hold.
+const MAX_SETTING_DURATION: Duration = Duration::from_secs(3600);
+
 /// Validated settings of a [`Redlock`] client.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -469,6 +473,21 @@ impl Builder {
                 ));
             }
         }
+        for (name, d) in [
+            ("node_timeout", self.node_timeout),
+            ("connect_timeout", self.connect_timeout),
+            ("max_backoff", self.max_backoff),
+            ("retry_delay", self.retry_delay),
+            ("retry_jitter", self.retry_jitter),
+        ] {
+            if d > MAX_SETTING_DURATION {
+                return Err(ConfigError::new(
+                    name,
+                    format!("{d:?}"),
+                    "must be at most one hour",
+                ));
+            }
+        }
         if !(0.0..1.0).contains(&self.drift_factor) {
             return Err(ConfigError::new(
                 "drift_factor",
@@ -605,6 +624,22 @@ mod tests {
                 .unwrap_err()
                 .setting,
             "drift_factor"
+        );
+        assert_eq!(
+            base()
+                .node_timeout(Duration::MAX)
+                .settings()
+                .unwrap_err()
+                .setting,
+            "node_timeout"
+        );
+        assert_eq!(
+            base()
+                .retry_delay(Duration::MAX)
+                .settings()
+                .unwrap_err()
+                .setting,
+            "retry_delay"
         );
         // A jitter wider than the delay is clamped at zero, not refused.
         assert!(

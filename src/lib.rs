@@ -7,7 +7,8 @@
 //! answered: the slowest nodes never add latency, and a frozen or dead minority costs
 //! nothing. A lock is valid for `ttl − elapsed − drift`; it is released and extended
 //! with Lua compare-and-delete and compare-and-pexpire scripts, so a client can only
-//! ever touch its own key. A failed attempt releases everything it may have set, then
+//! ever touch its own key. A failed attempt sends the compare-and-delete to every node
+//! it reached (even those that said no), then
 //! retries after a random delay.
 //!
 //! The crate depends only on `mio`, `bytes`, `memchr` and `fastrand`: RESP2 is written
@@ -26,7 +27,7 @@
 //! // Work for at most lock.remaining(); extend before it runs out.
 //! rl.extend(&mut lock, Duration::from_secs(10))?;
 //! let released_on = rl.unlock(&lock)?;
-//! assert!(released_on >= rl.quorum());
+//! println!("released on {released_on} nodes");
 //! # Ok::<(), Error>(())
 //! ```
 //!
@@ -59,7 +60,7 @@ pub mod resp;
 pub use config::{Builder, Endpoint, Settings};
 pub use error::{ConfigError, Error, Failure, NodeError, NodeReport, Outcome, Phase};
 pub use lock::{INLINE_RESOURCE, Lock};
-pub use redlock::Redlock;
+pub use redlock::{MAX_RESOURCE, Redlock};
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

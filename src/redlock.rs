@@ -86,7 +86,7 @@ impl Redlock {
 
     /// Acquires `resource` for `ttl`, retrying up to `retry_count` times after a random
     /// delay of `retry_delay ± retry_jitter`. Every failed attempt releases what it may
-    /// have set, on all nodes, before waiting.
+    /// have set (compare-and-delete on every node it reached) before waiting.
     ///
     /// The returned lock is valid for `ttl − elapsed − drift`; see [`Lock::remaining`].
     /// The error is that of the last attempt: [`Error::Taken`], [`Error::Unavailable`] or
@@ -111,13 +111,15 @@ impl Redlock {
     }
 
     /// One attempt to acquire `resource` for `ttl`, no retries. On failure, what the
-    /// attempt may have set is released on all nodes before returning.
+    /// attempt may have set is released (compare-and-delete on every node it reached)
+    /// before returning.
     pub fn try_lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         self.attempt(resource.as_ref(), ttl, 1)
     }
 
     fn attempt(&mut self, resource: &[u8], ttl: Duration, attempt: u32) -> Result<Lock, Error> {
         let ttl_ms = ttl_millis(ttl)?;
+        check_resource(resource)?;
         let items = [Item {
             key: resource,
             token: self.tokens.next_token(),
@@ -132,7 +134,7 @@ impl Redlock {
         if lock.is_err() {
             self.lost.clear();
             self.lost.push(0);
-            self.driver.release_lost(&self.round, &items, &self.lost);
+            self.driver.release_lost(&items, &self.lost);
         }
         lock
     }
@@ -297,62 +299,87 @@ impl Redlock {
             Ok(ms) => ms,
             Err(e) => return resources.iter().map(|_| Err(e.clone())).collect(),
         };
-        if resources.is_empty() {
-            return Vec::new();
+        let mut results = Vec::with_capacity(resources.len());
+        let mut rest = resources;
+        while !rest.is_empty() {
+            let (batch, tail) = rest.split_at(batch_len(rest));
+            self.lock_batch(batch, ttl, ttl_ms, &mut results);
+            rest = tail;
         }
-        let items: Vec<Item<'_>> = resources
-            .iter()
-            .map(|r| Item {
-                key: r.as_ref(),
-                token: self.tokens.next_token(),
-            })
-            .collect();
-        let req = Request {
-            kind: Kind::Acquire,
-            ttl_ms,
-            items: &items,
-        };
-        let start = self.driver.run(&mut self.round, &req);
-        let results: Vec<_> = items
-            .iter()
-            .enumerate()
-            .map(|(slot, item)| self.settle_acquire(item, slot, ttl, start, 1))
-            .collect();
-        self.lost.clear();
-        self.lost.extend(
-            results
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| r.is_err())
-                .map(|(i, _)| i),
-        );
-        self.driver.release_lost(&self.round, &items, &self.lost);
         results
     }
 
-    /// Releases several locks in one round; one result per lock, as [`Redlock::unlock`].
-    pub fn unlock_many(&mut self, locks: &[Lock]) -> Vec<Result<usize, Error>> {
-        if locks.is_empty() {
-            return Vec::new();
-        }
-        let items: Vec<Item<'_>> = locks
+    /// One round for one batch; appends one result per resource, in order.
+    fn lock_batch<R: AsRef<[u8]>>(
+        &mut self,
+        resources: &[R],
+        ttl: Duration,
+        ttl_ms: i64,
+        results: &mut Vec<Result<Lock, Error>>,
+    ) {
+        let items: Vec<Item<'_>> = resources
             .iter()
-            .map(|l| Item {
-                key: l.resource(),
-                token: l.token_value(),
+            .map(AsRef::as_ref)
+            .filter(|r| check_resource(r).is_ok())
+            .map(|key| Item {
+                key,
+                token: self.tokens.next_token(),
             })
             .collect();
-        let req = Request {
-            kind: Kind::Release,
-            ttl_ms: 0,
-            items: &items,
+        let start = if items.is_empty() {
+            Instant::now()
+        } else {
+            let req = Request {
+                kind: Kind::Acquire,
+                ttl_ms,
+                items: &items,
+            };
+            self.driver.run(&mut self.round, &req)
         };
-        let start = self.driver.run(&mut self.round, &req);
-        items
-            .iter()
-            .enumerate()
-            .map(|(slot, item)| self.settle_release(item, slot, start))
-            .collect()
+        let mut slot = 0;
+        self.lost.clear();
+        for resource in resources {
+            if let Err(e) = check_resource(resource.as_ref()) {
+                results.push(Err(e));
+                continue;
+            }
+            let result = self.settle_acquire(&items[slot], slot, ttl, start, 1);
+            if result.is_err() {
+                self.lost.push(slot);
+            }
+            results.push(result);
+            slot += 1;
+        }
+        self.driver.release_lost(&items, &self.lost);
+    }
+
+    /// Releases several locks in one round per batch; one result per lock, as
+    /// [`Redlock::unlock`].
+    pub fn unlock_many(&mut self, locks: &[Lock]) -> Vec<Result<usize, Error>> {
+        let mut results = Vec::with_capacity(locks.len());
+        let mut rest = locks;
+        while !rest.is_empty() {
+            let resources: Vec<&[u8]> = rest.iter().map(Lock::resource).collect();
+            let (batch, tail) = rest.split_at(batch_len(&resources));
+            let items: Vec<Item<'_>> = batch
+                .iter()
+                .map(|l| Item {
+                    key: l.resource(),
+                    token: l.token_value(),
+                })
+                .collect();
+            let req = Request {
+                kind: Kind::Release,
+                ttl_ms: 0,
+                items: &items,
+            };
+            let start = self.driver.run(&mut self.round, &req);
+            for (slot, item) in items.iter().enumerate() {
+                results.push(self.settle_release(item, slot, start));
+            }
+            rest = tail;
+        }
+        results
     }
 
     /// Bytes of buffers held by the client's connections (inbox, outbox, reply queues).
@@ -390,6 +417,36 @@ impl Redlock {
                 .collect(),
         }
     }
+}
+
+/// Longest resource name accepted, in bytes.
+pub const MAX_RESOURCE: usize = 64 * 1024;
+/// Most resources one batch round carries; larger batches are split into rounds.
+const MAX_BATCH: usize = 1024;
+/// Most key bytes one batch round carries (with a margin for each command's framing).
+const MAX_BATCH_BYTES: usize = 256 * 1024;
+
+/// How many of `resources` go into the next batch round: at least one.
+fn batch_len<R: AsRef<[u8]>>(resources: &[R]) -> usize {
+    let mut bytes = 0;
+    for (i, r) in resources.iter().enumerate() {
+        bytes += r.as_ref().len() + 128;
+        if i == MAX_BATCH || (i > 0 && bytes > MAX_BATCH_BYTES) {
+            return i;
+        }
+    }
+    resources.len()
+}
+
+fn check_resource(resource: &[u8]) -> Result<(), Error> {
+    if resource.len() > MAX_RESOURCE {
+        return Err(Error::Config(ConfigError::new(
+            "resource",
+            format!("{} bytes", resource.len()),
+            format!("longer than {MAX_RESOURCE} bytes"),
+        )));
+    }
+    Ok(())
 }
 
 /// The ttl in whole milliseconds, as `PX` takes it.

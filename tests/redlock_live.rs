@@ -472,3 +472,25 @@ fn a_client_left_unused_after_build_is_not_taken_for_lagging() {
     let lock = rl.try_lock("late-start", Duration::from_secs(5)).unwrap();
     assert!(matches!(rl.unlock(&lock), Ok(5)));
 }
+
+#[test]
+fn large_batches_are_split_into_rounds_and_oversized_names_refused() {
+    let cluster = Cluster::start(3);
+    let mut rl = client(&cluster);
+    let mut names: Vec<Vec<u8>> = (0..2500).map(|i| format!("big:{i}").into_bytes()).collect();
+    names.insert(7, vec![b'x'; quorumlock::MAX_RESOURCE + 1]);
+    let results = rl.try_lock_many(&names, Duration::from_secs(10));
+    assert_eq!(results.len(), names.len());
+    assert!(matches!(&results[7], Err(Error::Config(c)) if c.setting == "resource"));
+    let held: Vec<_> = results.into_iter().filter_map(Result::ok).collect();
+    assert_eq!(held.len(), 2500);
+    assert_eq!(cluster.node(2).admin().keys_count(), 2500);
+    let released = rl.unlock_many(&held);
+    assert!(released.iter().all(|r| matches!(r, Ok(3))));
+    assert_eq!(cluster.node(2).admin().keys_count(), 0);
+    let err = rl.try_lock(
+        vec![b'y'; quorumlock::MAX_RESOURCE + 1],
+        Duration::from_secs(1),
+    );
+    assert!(matches!(err, Err(Error::Config(_))));
+}

@@ -167,7 +167,7 @@ fn run(rl: &mut Redlock, resource: &str, command: &[String], ttl: Duration) -> E
         while std::time::Instant::now() < until {
             if let Ok(Some(status)) = child.try_wait() {
                 let _ = rl.unlock(&lock);
-                return ExitCode::from(status.code().unwrap_or(128) as u8);
+                return ExitCode::from(exit_code(status));
             }
             std::thread::sleep(Duration::from_millis(10).min(beat));
         }
@@ -183,4 +183,15 @@ fn run(rl: &mut Redlock, resource: &str, command: &[String], ttl: Duration) -> E
     let _ = rl.unlock(&lock);
     let _ = status;
     ExitCode::from(EX_TEMPFAIL)
+}
+
+/// The command's exit status as a shell reports it: its code, or 128 + the signal that
+/// killed it.
+fn exit_code(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(signal)) => (128 + signal) as u8,
+        (None, None) => 128,
+    }
 }

@@ -103,8 +103,9 @@ impl TokenSource {
         center: std::time::Duration,
         spread: std::time::Duration,
     ) -> std::time::Duration {
-        let lo = center.saturating_sub(spread).as_micros() as u64;
-        let hi = center.saturating_add(spread).as_micros() as u64;
+        let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let lo = micros(center.saturating_sub(spread));
+        let hi = micros(center.saturating_add(spread));
         std::time::Duration::from_micros(self.low.u64(lo..=hi))
     }
 }
@@ -173,5 +174,8 @@ mod tests {
             source.jitter(Duration::from_millis(5), Duration::from_millis(50))
                 <= Duration::from_millis(55)
         );
+        // Durations past u64 microseconds saturate instead of wrapping into an empty range.
+        let huge = source.jitter(Duration::MAX, Duration::from_millis(1));
+        assert!(huge >= Duration::from_micros(u64::MAX - 1000));
     }
 }

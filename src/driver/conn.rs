@@ -80,6 +80,9 @@ pub(crate) struct NodeConn {
     pub endpoint: Endpoint,
     token: Token,
     pub state: State,
+    /// Counts connections made, so a caller can tell whether the one it read from is
+    /// still the current one.
+    pub generation: u64,
     stream: Option<Stream>,
     outbox: BytesMut,
     inbox: Vec<u8>,
@@ -99,6 +102,7 @@ impl NodeConn {
             endpoint,
             token: Token(index),
             state: State::Down,
+            generation: 0,
             stream: None,
             outbox: BytesMut::new(),
             inbox: vec![0; INBOX],
@@ -179,6 +183,7 @@ impl NodeConn {
             return self.fail(registry, e.into(), now, max_backoff);
         }
         self.stream = Some(stream);
+        self.generation += 1;
         self.state = State::Connecting;
         self.connect_started = now;
         // The handshake goes first in the outbox; commands queue behind it.

@@ -78,6 +78,9 @@ pub(crate) struct Driver {
     /// Per node: not yet resent in this round, so a connection found closed may be
     /// reopened once within the round.
     may_resend: Vec<bool>,
+    /// Per node: this round's command was handed to its connection, so after a lost
+    /// attempt the node may hold our key and gets the compare-and-delete.
+    sent: Vec<bool>,
     node_timeout: Duration,
     /// A node lagging this long has its connection reset: a stream that lost bytes (a
     /// broken middlebox) would never catch up, and a new connection starts in step.
@@ -106,8 +109,12 @@ impl Driver {
             extra: BytesMut::with_capacity(512),
             round_id: 0,
             may_resend: vec![false; settings.nodes.len()],
+            sent: vec![false; settings.nodes.len()],
             node_timeout: settings.node_timeout,
-            stale_after: (settings.node_timeout * 20).max(Duration::from_secs(1)),
+            stale_after: settings
+                .node_timeout
+                .saturating_mul(20)
+                .max(Duration::from_secs(1)),
             connect_timeout: settings.connect_timeout,
             max_backoff: settings.max_backoff,
             limits: settings.limits,
@@ -153,6 +160,7 @@ impl Driver {
         for node in 0..self.conns.len() {
             self.start_node(node, &mut active, start, lag_cutoff, stale_cutoff);
         }
+        // Settings cap node_timeout far below what an Instant can hold.
         let deadline = start + self.node_timeout;
         let mut now = start;
         while !active.round.is_done() {
@@ -174,6 +182,8 @@ impl Driver {
         lag_cutoff: Option<Instant>,
         stale_cutoff: Option<Instant>,
     ) {
+        self.may_resend[node] = false;
+        self.sent[node] = false;
         if self.conns[node].is_lagging(lag_cutoff) {
             // The caller may simply not have polled for a while (it was busy in its
             // critical section) while the replies sit unread in the socket: read them
@@ -208,6 +218,7 @@ impl Driver {
             return;
         }
         self.may_resend[node] = true;
+        self.sent[node] = true;
         let expect = Expect {
             round: self.round_id,
             slot: 0,
@@ -265,9 +276,13 @@ impl Driver {
         }
         match conn.read(&self.limits, closed) {
             Ok(closed) => {
+                let generation = conn.generation;
                 let mut active = active;
                 self.dispatch(node, active.as_deref_mut(), now);
-                if closed && self.conns[node].state != State::Down {
+                // Only the connection that was read can be declared closed: dispatch may
+                // have replaced it (a resend after a failure) with a fresh one.
+                let conn = &self.conns[node];
+                if closed && conn.state != State::Down && conn.generation == generation {
                     self.fail_conn(node, NodeError::Closed, active, now);
                 }
             }
@@ -411,6 +426,7 @@ impl Driver {
                     sent_at: now,
                 };
                 if conn.send(&self.cmd, expect, active.req.items.len()).is_ok() {
+                    self.sent[node] = true;
                     return;
                 }
                 conn.fail(
@@ -435,10 +451,13 @@ impl Driver {
         }
     }
 
-    /// Fire-and-forget compare-and-delete of `lost` slots on every node that may hold them
-    /// (after an attempt that did not win). Uses EVAL, not EVALSHA: no reply is read, so
-    /// a NOSCRIPT could not be answered.
-    pub fn release_lost(&mut self, round: &Round, items: &[Item<'_>], lost: &[usize]) {
+    /// Fire-and-forget compare-and-delete of `lost` slots on every node the round's
+    /// command was sent to (the spec: unlock all instances, even those believed not
+    /// locked; a node that said "held" may have been answering a resend that met our own
+    /// key). A connection that died meanwhile is reopened for it. Uses EVAL, not EVALSHA:
+    /// no reply is read, so a NOSCRIPT could not be answered. Queued bytes go out now or
+    /// at the next call that polls.
+    pub fn release_lost(&mut self, items: &[Item<'_>], lost: &[usize]) {
         if lost.is_empty() {
             return;
         }
@@ -448,21 +467,12 @@ impl Driver {
         }
         let now = Instant::now();
         for node in 0..self.conns.len() {
-            // A node that answered nil or an error reply did not set the key, and one
-            // that was down or lagging was never sent the command.
-            let may_hold = lost.iter().any(|&slot| {
-                !matches!(
-                    &round.vote(node, slot),
-                    Some(
-                        Outcome::Held
-                            | Outcome::Failed(
-                                NodeError::Server(_) | NodeError::Lagging | NodeError::Down(_)
-                            )
-                    )
-                )
-            });
+            if !self.sent[node] {
+                continue;
+            }
             let conn = &mut self.conns[node];
-            if !may_hold || conn.state == State::Down {
+            conn.reconnect_now(self.poll.registry(), now, self.max_backoff);
+            if conn.state == State::Down {
                 continue;
             }
             let expect = Expect {
