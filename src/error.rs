@@ -8,6 +8,7 @@
 use crate::resp::ProtocolError;
 use std::fmt;
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Everything that can go wrong with a lock operation.
@@ -199,7 +200,7 @@ pub enum NodeError {
     /// Connecting took longer than the connect timeout.
     ConnectTimeout,
     /// The node is disconnected and waiting out its reconnect backoff.
-    Down(Box<NodeError>),
+    Down(Arc<NodeError>),
     /// The node still owes replies older than `node_timeout` (frozen or very slow), so it
     /// was not asked; it rejoins as soon as it catches up.
     Lagging,

@@ -24,6 +24,7 @@ use mio::net::{TcpStream, UnixStream};
 use mio::{Interest, Registry, Token};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Unsent bytes allowed before a node that does not read is cut off.
@@ -93,7 +94,11 @@ pub(crate) struct NodeConn {
     backoff: Duration,
     retry_at: Instant,
     connect_started: Instant,
-    last_error: Option<NodeError>,
+    /// Why the connection last failed, ready to report without allocating each round.
+    down: NodeError,
+    /// Reset for lagging; not sent anything until a reply proves the new connection
+    /// alive (a frozen server's kernel still accepts connections).
+    pub suspect: bool,
 }
 
 impl NodeConn {
@@ -112,7 +117,8 @@ impl NodeConn {
             backoff: Duration::ZERO,
             retry_at: now,
             connect_started: now,
-            last_error: None,
+            down: NodeError::Down(Arc::new(NodeError::Closed)),
+            suspect: false,
         }
     }
 
@@ -136,9 +142,7 @@ impl NodeConn {
 
     /// Why the node is down, for reports.
     pub fn down_error(&self) -> NodeError {
-        NodeError::Down(Box::new(
-            self.last_error.clone().unwrap_or(NodeError::Closed),
-        ))
+        self.down.clone()
     }
 
     /// True when the node owes a reply older than `node_timeout`: frozen, partitioned
@@ -367,6 +371,7 @@ impl NodeConn {
         self.pending.pop_front();
         // A node that answers is healthy again: the next failure reconnects at once.
         self.backoff = Duration::ZERO;
+        self.suspect = false;
     }
 
     /// Drops the connection and everything queued on it; reconnects after the backoff.
@@ -385,7 +390,7 @@ impl NodeConn {
         self.head = 0;
         self.tail = 0;
         self.pending.clear();
-        self.last_error = Some(error);
+        self.down = NodeError::Down(Arc::new(error));
         self.retry_at = now + self.backoff;
         self.backoff = if self.backoff.is_zero() {
             Duration::from_millis(10).min(max_backoff)

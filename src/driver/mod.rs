@@ -22,7 +22,9 @@
 //! - Before a lock or extend command goes out, one non-blocking poll takes in whatever
 //!   arrived meanwhile, so a byte no command asked for is caught as such instead of
 //!   being read as the answer to the new command.
-//! - A node lagging for `max(20 × node_timeout, 1 s)` has its connection reset.
+//! - A node lagging for `max(20 × node_timeout, 1 s)` has its connection reset, and the
+//!   new connection is sent nothing until its handshake is answered: a frozen server's
+//!   kernel still accepts connections, and waiting on one would cost `node_timeout`.
 
 pub(crate) mod conn;
 
@@ -197,6 +199,7 @@ impl Driver {
                     now,
                     self.max_backoff,
                 );
+                conn.suspect = true;
             }
         }
         let conn = &mut self.conns[node];
@@ -210,7 +213,7 @@ impl Driver {
             active.round.fail_node(node, &conn.down_error(), now);
             return;
         }
-        if conn.is_lagging(lag_cutoff) {
+        if conn.suspect || conn.is_lagging(lag_cutoff) {
             // Nothing new is queued for a node that does not read: its backlog would only
             // grow. A lock command still queued there may apply when it wakes up; that key
             // then holds only that node, for at most the ttl, under a token nobody reuses.
