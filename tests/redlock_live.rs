@@ -17,6 +17,14 @@ fn client(cluster: &Cluster) -> Redlock {
         .expect("valid settings")
 }
 
+fn client_timing_out_after(cluster: &Cluster, node_timeout: Duration) -> Redlock {
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .node_timeout(node_timeout)
+        .build()
+        .expect("valid settings")
+}
+
 /// The value stored under `key` on every node.
 fn values(cluster: &Cluster, key: &[u8]) -> Vec<Option<Vec<u8>>> {
     (0..cluster.len())
@@ -439,11 +447,7 @@ fn a_holder_that_was_busy_longer_than_node_timeout_still_releases_everywhere() {
     // Acquire decides at quorum; the slower replies arrive while the caller works and
     // does not poll. Those nodes are healthy, not lagging: unlock must reach all five.
     let cluster = Cluster::start(5);
-    let mut rl = Redlock::builder()
-        .nodes(cluster.urls())
-        .node_timeout(Duration::from_millis(20))
-        .build()
-        .unwrap();
+    let mut rl = client_timing_out_after(&cluster, Duration::from_millis(20));
     for i in 0..5 {
         let lock = rl
             .try_lock(format!("busy{i}"), Duration::from_secs(5))
@@ -463,11 +467,7 @@ fn a_client_left_unused_after_build_is_not_taken_for_lagging() {
     // Connections open in build() and their handshake is queued then; a client first
     // used long after must not mistake that old handshake for a node that lags.
     let cluster = Cluster::start(5);
-    let mut rl = Redlock::builder()
-        .nodes(cluster.urls())
-        .node_timeout(Duration::from_millis(20))
-        .build()
-        .unwrap();
+    let mut rl = client_timing_out_after(&cluster, Duration::from_millis(20));
     std::thread::sleep(Duration::from_millis(100));
     let lock = rl.try_lock("late-start", Duration::from_secs(5)).unwrap();
     assert!(matches!(rl.unlock(&lock), Ok(5)));
