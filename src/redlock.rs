@@ -1,7 +1,7 @@
 //! The client: Redlock's acquire, extend and release on top of the driver's rounds.
 
 use crate::config::{Builder, Settings};
-use crate::core::quorum::{deadline, quorum};
+use crate::core::quorum::{deadline, drift, quorum};
 use crate::core::round::{Decision, Kind, Round};
 use crate::core::token::TokenSource;
 use crate::driver::{Driver, Item, Request};
@@ -120,6 +120,18 @@ impl Redlock {
     fn attempt(&mut self, resource: &[u8], ttl: Duration, attempt: u32) -> Result<Lock, Error> {
         let ttl_ms = ttl_millis(ttl)?;
         check_resource(resource)?;
+        let whole_ms = Duration::from_millis(ttl_ms as u64);
+        if whole_ms <= drift(whole_ms, self.settings.drift_factor) {
+            // Such a lock could never be valid: say so instead of failing every attempt.
+            return Err(Error::Config(ConfigError::new(
+                "ttl",
+                format!("{ttl:?}"),
+                format!(
+                    "no longer than the clock-drift allowance ({:?}): the lock could never be valid",
+                    drift(whole_ms, self.settings.drift_factor)
+                ),
+            )));
+        }
         let items = [Item {
             key: resource,
             token: self.tokens.next_token(),

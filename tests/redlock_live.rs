@@ -405,6 +405,11 @@ fn every_config_error_names_the_setting_before_connecting() {
         rl.try_lock("x", Duration::from_micros(10)),
         Err(Error::Config(_))
     ));
+    // So is a ttl the drift allowance (2 ms + 1 %) would eat whole.
+    assert!(matches!(
+        rl.lock("x", Duration::from_millis(2)),
+        Err(Error::Config(c)) if c.setting == "ttl"
+    ));
 }
 
 #[test]
