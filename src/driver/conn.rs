@@ -124,6 +124,7 @@ impl NodeConn {
 
     /// Starts a reconnect when the backoff has passed; gives up on a connect that takes
     /// too long. Never blocks.
+    #[inline]
     pub fn maintain(
         &mut self,
         registry: &Registry,
@@ -149,6 +150,7 @@ impl NodeConn {
     /// or badly overloaded. Such a node is not waited for until it catches up.
     ///
     /// `cutoff` is `now − node_timeout`, computed once per round by the caller.
+    #[inline]
     pub fn is_lagging(&self, cutoff: Option<Instant>) -> bool {
         match (self.pending.front(), cutoff) {
             (Some(e), Some(cutoff)) => e.sent_at < cutoff,
@@ -259,6 +261,7 @@ impl NodeConn {
 
     /// Queues `count` commands, for slots `expect.slot..expect.slot + count`, and writes
     /// them at once if the connection is idle.
+    #[inline]
     pub fn send(&mut self, bytes: &[u8], expect: Expect, count: usize) -> Result<(), NodeError> {
         if self.pending.len() + count > MAX_PENDING {
             return Err(NodeError::Backlog);
@@ -303,6 +306,7 @@ impl NodeConn {
     /// moment, and any later byte raises a new edge: that saves the extra `read` that
     /// would only return `WouldBlock`. A close that came with the data raises no new edge,
     /// so when the event says the peer closed (`drain`), read on to the end.
+    #[inline]
     pub fn read(&mut self, limits: &Limits, drain: bool) -> Result<bool, NodeError> {
         loop {
             if self.tail == self.inbox.len() {
@@ -354,6 +358,7 @@ impl NodeConn {
     }
 
     /// The next complete reply in the inbox and its length, without consuming it.
+    #[inline]
     pub fn peek(&self, limits: &Limits) -> Result<Option<(Reply<'_>, usize)>, ProtocolError> {
         if self.head == self.tail {
             return Ok(None);
@@ -362,6 +367,7 @@ impl NodeConn {
     }
 
     /// Drops a parsed reply from the inbox and its entry from `pending`.
+    #[inline]
     pub fn consume(&mut self, used: usize) {
         self.head += used;
         if self.head == self.tail {
@@ -408,6 +414,7 @@ impl NodeConn {
 }
 
 /// One write; `Ok(0)` when the kernel buffer is full.
+#[inline]
 fn write_to(stream: &mut Option<Stream>, bytes: &[u8]) -> Result<usize, NodeError> {
     loop {
         let r = match stream {

@@ -203,12 +203,14 @@ impl Driver {
             }
         }
         let conn = &mut self.conns[node];
-        conn.maintain(
-            self.poll.registry(),
-            now,
-            self.connect_timeout,
-            self.max_backoff,
-        );
+        if conn.state != State::Ready {
+            conn.maintain(
+                self.poll.registry(),
+                now,
+                self.connect_timeout,
+                self.max_backoff,
+            );
+        }
         if conn.state == State::Down {
             active.round.fail_node(node, &conn.down_error(), now);
             return;
