@@ -481,7 +481,8 @@ fn a_client_left_unused_after_build_is_not_taken_for_lagging() {
 #[test]
 fn large_batches_are_split_into_rounds_and_oversized_names_refused() {
     let cluster = Cluster::start(3);
-    let mut rl = client(&cluster);
+    // node_timeout bounds a whole batch round: give 1,024 commands per node room.
+    let mut rl = client_timing_out_after(&cluster, Duration::from_secs(2));
     let mut names: Vec<Vec<u8>> = (0..2500).map(|i| format!("big:{i}").into_bytes()).collect();
     names.insert(7, vec![b'x'; quorumlock::MAX_RESOURCE + 1]);
     let results = rl.try_lock_many(&names, Duration::from_secs(10));

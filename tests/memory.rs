@@ -1,0 +1,64 @@
+//! Bounded memory over many cycles: buffers and reply queues reach a steady size during
+//! warm-up and never grow after it, healthy or with nodes frozen.
+//!
+//! CI runs 20,000 cycles per scenario; `MEMORY_CYCLES=1000000 cargo test --release --test
+//! memory -- --nocapture` runs the long version.
+
+mod common;
+
+use common::Cluster;
+use quorumlock::Redlock;
+use std::time::Duration;
+
+fn cycles() -> usize {
+    std::env::var("MEMORY_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000)
+}
+
+fn run(rl: &mut Redlock, n: usize) {
+    for i in 0..n {
+        let resource = if i % 2 == 0 { &b"mem:a"[..] } else { b"mem:b" };
+        let lock = rl
+            .try_lock(resource, Duration::from_secs(10))
+            .expect("a quorum is up");
+        rl.unlock(&lock).expect("a quorum answers");
+    }
+}
+
+#[test]
+fn buffers_do_not_grow_over_many_cycles() {
+    let cluster = Cluster::start(5);
+    let mut rl = Redlock::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    run(&mut rl, 1_000);
+    let steady = rl.buffered_bytes();
+    let n = cycles();
+    run(&mut rl, n);
+    println!(
+        "healthy: {steady} bytes after warm-up, {} after {n} more cycles",
+        rl.buffered_bytes()
+    );
+    assert_eq!(rl.buffered_bytes(), steady);
+
+    // Two nodes frozen: nothing new is queued for them, so nothing grows.
+    cluster.node(3).freeze();
+    cluster.node(4).freeze();
+    run(&mut rl, 1_000);
+    let frozen = rl.buffered_bytes();
+    run(&mut rl, n);
+    println!(
+        "2 frozen: {frozen} bytes after warm-up, {} after {n} more cycles",
+        rl.buffered_bytes()
+    );
+    assert!(
+        rl.buffered_bytes() <= frozen,
+        "grew while two nodes were frozen"
+    );
+    cluster.node(3).thaw();
+    cluster.node(4).thaw();
+}
