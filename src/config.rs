@@ -593,54 +593,18 @@ mod tests {
             .settings()
             .unwrap_err();
         assert!(e.problem.contains("duplicate of nodes[0]"), "{e}");
-        assert_eq!(
-            base()
-                .node_timeout(Duration::ZERO)
-                .settings()
-                .unwrap_err()
-                .setting,
-            "node_timeout"
-        );
-        assert_eq!(
-            base()
-                .connect_timeout(Duration::ZERO)
-                .settings()
-                .unwrap_err()
-                .setting,
-            "connect_timeout"
-        );
-        assert_eq!(
-            base().drift_factor(1.0).settings().unwrap_err().setting,
-            "drift_factor"
-        );
-        assert_eq!(
-            base().drift_factor(-0.1).settings().unwrap_err().setting,
-            "drift_factor"
-        );
-        assert_eq!(
-            base()
-                .drift_factor(f64::NAN)
-                .settings()
-                .unwrap_err()
-                .setting,
-            "drift_factor"
-        );
-        assert_eq!(
-            base()
-                .node_timeout(Duration::MAX)
-                .settings()
-                .unwrap_err()
-                .setting,
-            "node_timeout"
-        );
-        assert_eq!(
-            base()
-                .retry_delay(Duration::MAX)
-                .settings()
-                .unwrap_err()
-                .setting,
-            "retry_delay"
-        );
+        let refused = |b: Builder| b.settings().unwrap_err().setting;
+        for (builder, setting) in [
+            (base().node_timeout(Duration::ZERO), "node_timeout"),
+            (base().connect_timeout(Duration::ZERO), "connect_timeout"),
+            (base().drift_factor(1.0), "drift_factor"),
+            (base().drift_factor(-0.1), "drift_factor"),
+            (base().drift_factor(f64::NAN), "drift_factor"),
+            (base().node_timeout(Duration::MAX), "node_timeout"),
+            (base().retry_delay(Duration::MAX), "retry_delay"),
+        ] {
+            assert_eq!(refused(builder), setting);
+        }
         // A jitter wider than the delay is clamped at zero, not refused.
         assert!(
             base()
