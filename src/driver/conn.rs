@@ -287,6 +287,12 @@ impl NodeConn {
         Ok(())
     }
 
+    /// Bytes wait in the outbox (a short write, or a connection still connecting).
+    #[inline]
+    pub fn has_unsent(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
     /// Writes as much of the outbox as the kernel takes.
     #[inline]
     pub fn flush(&mut self) -> Result<(), NodeError> {

@@ -273,8 +273,10 @@ impl Driver {
                 Err(e) => return self.fail_conn(node, e, active, now),
             }
         }
-        if let Err(e) = conn.flush() {
-            return self.fail_conn(node, e, active, now);
+        if conn.has_unsent() {
+            if let Err(e) = conn.flush() {
+                return self.fail_conn(node, e, active, now);
+            }
         }
         if !readable {
             return;
