@@ -44,7 +44,7 @@ fn bench_encode(c: &mut Criterion) {
                 &mut out,
                 black_box(KEY),
                 black_box(&token),
-                black_box(TTL_MS),
+                black_box(TTL_MS as u64),
             );
             assert_eq!(out.len(), want.len());
             black_box(&out);

@@ -120,7 +120,7 @@ impl Redlock {
     fn attempt(&mut self, resource: &[u8], ttl: Duration, attempt: u32) -> Result<Lock, Error> {
         let ttl_ms = ttl_millis(ttl)?;
         check_resource(resource)?;
-        let whole_ms = Duration::from_millis(ttl_ms as u64);
+        let whole_ms = Duration::from_millis(ttl_ms);
         if whole_ms <= drift(whole_ms, self.settings.drift_factor) {
             // Such a lock could never be valid: say so instead of failing every attempt.
             return Err(Error::Config(ConfigError::new(
@@ -186,7 +186,7 @@ impl Redlock {
     /// it is never moved later.
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
         let ttl_ms = ttl_millis(ttl)?;
-        let ttl = Duration::from_millis(ttl_ms as u64);
+        let ttl = Duration::from_millis(ttl_ms);
         if !lock.is_valid() {
             return Err(Error::Expired(Failure {
                 op: Phase::Extend,
@@ -326,7 +326,7 @@ impl Redlock {
         &mut self,
         resources: &[R],
         ttl: Duration,
-        ttl_ms: i64,
+        ttl_ms: u64,
         results: &mut Vec<Result<Lock, Error>>,
     ) {
         let items: Vec<Item<'_>> = resources
@@ -462,7 +462,7 @@ fn check_resource(resource: &[u8]) -> Result<(), Error> {
 }
 
 /// The ttl in whole milliseconds, as `PX` takes it.
-fn ttl_millis(ttl: Duration) -> Result<i64, Error> {
+fn ttl_millis(ttl: Duration) -> Result<u64, Error> {
     match ttl.as_millis() {
         0 => Err(Error::Config(ConfigError::new(
             "ttl",
@@ -474,6 +474,6 @@ fn ttl_millis(ttl: Duration) -> Result<i64, Error> {
             format!("{ttl:?}"),
             "is too large",
         ))),
-        ms => Ok(ms as i64),
+        ms => Ok(ms as u64),
     }
 }

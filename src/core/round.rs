@@ -146,6 +146,9 @@ pub struct Round {
     // themselves stay one byte each: this is the hot path.
     failures: Vec<(usize, Outcome)>,
     open: usize,
+    /// `quorum(nodes)`, and how many nodes may fail or refuse before no quorum is left.
+    quorum: u32,
+    spare: u32,
 }
 
 /// One vote, compactly; `Yes`/`No` read as `Locked`/`Held` or `Released`/`NotHeld`
@@ -181,6 +184,8 @@ impl Round {
         self.votes.resize(slots * nodes, Vote::Pending);
         self.failures.clear();
         self.open = slots;
+        self.quorum = quorum(nodes) as u32;
+        self.spare = nodes as u32 - self.quorum.min(nodes as u32);
     }
 
     /// Number of slots.
@@ -318,9 +323,9 @@ impl Round {
         }
     }
 
+    #[inline]
     fn decide(&mut self, slot: usize, now: Instant) {
-        let q = quorum(self.nodes) as u32;
-        let spare = self.nodes as u32 - q;
+        let (q, spare) = (self.quorum, self.spare);
         let s = &mut self.slots[slot];
         if s.decision != Decision::Open {
             return;

@@ -10,14 +10,14 @@ pub const RELEASE: &[u8] =
     br#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
 
 /// SHA1 of [`RELEASE`], for `EVALSHA`.
-pub const RELEASE_SHA: &[u8] = b"b70c2384248f88e6b75b9f89241a180f856ad852";
+pub const RELEASE_SHA: &[u8; 40] = b"b70c2384248f88e6b75b9f89241a180f856ad852";
 
 /// Sets the expiry of `KEYS[1]` to `ARGV[2]` ms only if its value is `ARGV[1]`.
 /// Returns 1 if extended, else 0.
 pub const EXTEND: &[u8] = br#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("pexpire",KEYS[1],ARGV[2]) else return 0 end"#;
 
 /// SHA1 of [`EXTEND`], for `EVALSHA`.
-pub const EXTEND_SHA: &[u8] = b"36e94d1c6e02fcefaa7ee5d79eee614dbac55f10";
+pub const EXTEND_SHA: &[u8; 40] = b"36e94d1c6e02fcefaa7ee5d79eee614dbac55f10";
 
 #[cfg(test)]
 mod tests {

@@ -22,16 +22,45 @@ impl Token {
         &self.0
     }
 
+    /// The token as a fixed-size array (lets encoders copy it with constant-size moves).
+    pub fn as_array(&self) -> &[u8; 32] {
+        &self.0
+    }
+
     /// Builds a token from 128 bits (for tests and callers with their own entropy).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use quorumlock::core::token::Token;
+    ///
+    /// assert_eq!(Token::from_bits(0xab).as_bytes(), b"000000000000000000000000000000ab");
+    /// ```
+    #[inline]
     pub fn from_bits(bits: u128) -> Token {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut out = [0u8; 32];
-        for (pair, byte) in out.chunks_exact_mut(2).zip(bits.to_be_bytes()) {
-            pair[0] = HEX[usize::from(byte >> 4)];
-            pair[1] = HEX[usize::from(byte & 0xf)];
-        }
+        out[..16].copy_from_slice(&hex16((bits >> 64) as u64));
+        out[16..].copy_from_slice(&hex16(bits as u64));
         Token(out)
     }
+}
+
+/// The 16 lowercase hex digits of `v`, most significant first, without a table or a
+/// loop: each nibble is spread into its own byte, then mapped to ASCII in parallel.
+#[inline]
+fn hex16(v: u64) -> [u8; 16] {
+    const LOW_NIBBLES: u128 = 0x0f0f_0f0f_0f0f_0f0f_0f0f_0f0f_0f0f_0f0f;
+    const ONES: u128 = 0x0101_0101_0101_0101_0101_0101_0101_0101;
+    let mut x = u128::from(v);
+    // Nibble j of v ends up in byte j of x.
+    x = (x | (x << 32)) & 0x0000_0000_ffff_ffff_0000_0000_ffff_ffff;
+    x = (x | (x << 16)) & 0x0000_ffff_0000_ffff_0000_ffff_0000_ffff;
+    x = (x | (x << 8)) & 0x00ff_00ff_00ff_00ff_00ff_00ff_00ff_00ff;
+    x = (x | (x << 4)) & LOW_NIBBLES;
+    // 1 in every byte whose nibble is 10..=15: adding 6 carries into bit 4.
+    let letters = ((x + 6 * ONES) >> 4) & ONES;
+    // '0' + d for digits, 'a' + d - 10 = '0' + d + 39 for letters.
+    (x + 0x30 * ONES + 39 * letters).to_be_bytes()
 }
 
 impl fmt::Debug for Token {
@@ -157,6 +186,23 @@ mod tests {
             b"000000000000000000000000000000ab"
         );
         assert_eq!(Token::from_bits(u128::MAX).as_bytes(), &[b'f'; 32]);
+        // Against the obvious formatting, over every nibble value in every position.
+        let mut source = TokenSource::from_seed(3, 4);
+        let mut bits: Vec<u128> = (0..5000)
+            .map(|_| (u128::from(source.high.u64(..)) << 64) | u128::from(source.low.u64(..)))
+            .collect();
+        for pos in 0..32 {
+            for d in 0..16u128 {
+                bits.push(d << (4 * pos));
+                bits.push(!(d << (4 * pos)));
+            }
+        }
+        for b in bits {
+            assert_eq!(
+                Token::from_bits(b).as_bytes(),
+                format!("{b:032x}").as_bytes()
+            );
+        }
     }
 
     #[test]

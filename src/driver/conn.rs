@@ -51,9 +51,27 @@ pub(crate) struct Expect {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Expected {
     /// A handshake command (AUTH, SELECT, PING) and the status it must answer.
-    Status(&'static [u8]),
+    Status(Status),
     /// A lock command.
     Command(Kind),
+}
+
+/// The status line a handshake command must answer with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// `+OK` (AUTH, SELECT).
+    Ok,
+    /// `+PONG` (PING).
+    Pong,
+}
+
+impl Status {
+    pub fn text(self) -> &'static [u8] {
+        match self {
+            Status::Ok => b"OK",
+            Status::Pong => b"PONG",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +117,12 @@ pub(crate) struct NodeConn {
     /// Reset for lagging; not sent anything until a reply proves the new connection
     /// alive (a frozen server's kernel still accepts connections).
     pub suspect: bool,
+    /// Not yet resent in the current round, so a connection found closed may be reopened
+    /// once within the round.
+    pub may_resend: bool,
+    /// The current round's command was handed to this connection, so after a lost
+    /// attempt the node may hold our key and gets the compare-and-delete.
+    pub sent: bool,
 }
 
 impl NodeConn {
@@ -119,6 +143,8 @@ impl NodeConn {
             connect_started: now,
             down: NodeError::Down(Arc::new(NodeError::Closed)),
             suspect: false,
+            may_resend: false,
+            sent: false,
         }
     }
 
@@ -199,21 +225,21 @@ impl NodeConn {
                 Some(u) => command(&mut self.outbox, &[b"AUTH", u.as_bytes(), pw.as_bytes()]),
                 None => command(&mut self.outbox, &[b"AUTH", pw.as_bytes()]),
             }
-            self.expect_status(b"OK", now);
+            self.expect_status(Status::Ok, now);
         }
         if self.endpoint.db != 0 {
             let db = self.endpoint.db.to_string();
             command(&mut self.outbox, &[b"SELECT", db.as_bytes()]);
-            self.expect_status(b"OK", now);
+            self.expect_status(Status::Ok, now);
         }
         // PING last: its PONG proves the stream is in step before any lock reply is
         // counted. Bytes a server sends unasked right after accepting meet the PING's
         // entry, not a lock command's, and fail the connection.
         command(&mut self.outbox, &[b"PING"]);
-        self.expect_status(b"PONG", now);
+        self.expect_status(Status::Pong, now);
     }
 
-    fn expect_status(&mut self, status: &'static [u8], now: Instant) {
+    fn expect_status(&mut self, status: Status, now: Instant) {
         self.pending.push_back(Expect {
             round: 0,
             slot: 0,
@@ -261,25 +287,38 @@ impl NodeConn {
 
     /// Queues `count` commands, for slots `expect.slot..expect.slot + count`, and writes
     /// them at once if the connection is idle.
-    #[inline]
+    #[inline(always)]
     pub fn send(&mut self, bytes: &[u8], expect: Expect, count: usize) -> Result<(), NodeError> {
         if self.pending.len() + count > MAX_PENDING {
             return Err(NodeError::Backlog);
         }
+        if count == 1 {
+            self.pending.push_back(expect);
+        } else {
+            self.expect_many(expect, count);
+        }
+        if self.state == State::Ready && self.outbox.is_empty() {
+            let n = write_to(&mut self.stream, bytes)?;
+            if n == bytes.len() {
+                return Ok(());
+            }
+            return self.queue(&bytes[n..]);
+        }
+        self.queue(bytes)
+    }
+
+    fn expect_many(&mut self, expect: Expect, count: usize) {
         for k in 0..count as u32 {
             self.pending.push_back(Expect {
                 slot: expect.slot + k,
                 ..expect
             });
         }
-        let mut rest = bytes;
-        if self.state == State::Ready && self.outbox.is_empty() {
-            let n = write_to(&mut self.stream, rest)?;
-            rest = &rest[n..];
-        }
-        if rest.is_empty() {
-            return Ok(());
-        }
+    }
+
+    /// Keeps what the kernel did not take, to be written when the socket is writable.
+    #[cold]
+    fn queue(&mut self, rest: &[u8]) -> Result<(), NodeError> {
         if self.outbox.len() + rest.len() > MAX_OUTBOX {
             return Err(NodeError::Backlog);
         }
@@ -340,6 +379,42 @@ impl NodeConn {
         }
     }
 
+    /// The hot-path read: one `recv` into the free end of the inbox. Anything unusual
+    /// (no room left, a full buffer that may hold more, an interrupted call) is
+    /// [`ReadFast::Slow`]: the caller goes on with [`NodeConn::read`], which picks up
+    /// where this left off.
+    #[inline]
+    pub fn read_fast(&mut self) -> ReadFast {
+        let free = self.inbox.len() - self.tail;
+        if free == 0 {
+            return ReadFast::Slow;
+        }
+        let buf = &mut self.inbox[self.tail..];
+        let r = match &mut self.stream {
+            Some(Stream::Tcp(s)) => s.read(buf),
+            Some(Stream::Unix(s)) => s.read(buf),
+            None => return ReadFast::Slow,
+        };
+        match r {
+            Ok(0) => ReadFast::Closed,
+            Ok(n) => {
+                self.tail += n;
+                // A short read drained the socket (see `read`); a full one may have left
+                // more behind.
+                if n < free {
+                    ReadFast::Drained
+                } else {
+                    ReadFast::Slow
+                }
+            }
+            Err(e) => match e.kind() {
+                io::ErrorKind::WouldBlock => ReadFast::Drained,
+                io::ErrorKind::Interrupted => ReadFast::Slow,
+                _ => ReadFast::Failed(e.into()),
+            },
+        }
+    }
+
     /// Frees space at the end of the inbox: slide unparsed bytes to the front, or grow
     /// when one unparsed reply already fills it (never past what the limits allow).
     fn make_room(&mut self, limits: &Limits) -> Result<(), NodeError> {
@@ -372,8 +447,39 @@ impl NodeConn {
         decode(&self.inbox[self.head..self.tail], limits)
     }
 
-    /// Drops a parsed reply from the inbox and its entry from `pending`.
+    /// The hot path of every round: when the next reply answers a lock command with one
+    /// of its two common forms (`+OK` / `$-1` to `SET NX`, `:1` / `:0` to a script),
+    /// consumes it and returns the round and slot it answers and the vote (yes or no),
+    /// without the general parser. Anything else (`None`, nothing consumed) goes through
+    /// [`NodeConn::peek`].
+    #[inline(always)]
+    pub fn take_vote(&mut self) -> Option<(u64, u32, bool)> {
+        let expect = self.pending.front()?;
+        let Expected::Command(kind) = expect.kind else {
+            return None;
+        };
+        let buf = self.inbox.get(self.head..self.tail)?;
+        let (yes, used) = match (kind, buf) {
+            (Kind::Acquire, [b'+', b'O', b'K', b'\r', b'\n', ..]) => (true, 5),
+            (Kind::Acquire, [b'$', b'-', b'1', b'\r', b'\n', ..]) => (false, 5),
+            (Kind::Extend | Kind::Release, [b':', d @ (b'0' | b'1'), b'\r', b'\n', ..]) => {
+                (*d == b'1', 4)
+            }
+            _ => return None,
+        };
+        let vote = (expect.round, expect.slot, yes);
+        self.consume(used);
+        Some(vote)
+    }
+
+    /// True when unparsed bytes wait in the inbox.
     #[inline]
+    pub fn has_input(&self) -> bool {
+        self.head != self.tail
+    }
+
+    /// Drops a parsed reply from the inbox and its entry from `pending`.
+    #[inline(always)]
     pub fn consume(&mut self, used: usize) {
         self.head += used;
         if self.head == self.tail {
@@ -417,6 +523,18 @@ impl NodeConn {
             + self.outbox.capacity()
             + self.pending.capacity() * std::mem::size_of::<Expect>()
     }
+}
+
+/// What [`NodeConn::read_fast`] did.
+pub(crate) enum ReadFast {
+    /// Read what there was; the socket is drained.
+    Drained,
+    /// The peer closed the connection (after what was read before).
+    Closed,
+    /// The socket failed.
+    Failed(NodeError),
+    /// Not finished: continue with [`NodeConn::read`].
+    Slow,
 }
 
 /// One write; `Ok(0)` when the kernel buffer is full.

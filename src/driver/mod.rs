@@ -29,13 +29,12 @@
 pub(crate) mod conn;
 
 use crate::config::Settings;
-use crate::core::command;
+use crate::core::command::{self, Cmd, Frame};
 use crate::core::round::{Kind, Reaction, Round, interpret};
 use crate::core::token::Token;
 use crate::error::{NodeError, Outcome};
 use crate::resp::{Limits, Reply};
-use bytes::BytesMut;
-use conn::{Expect, Expected, NodeConn, State};
+use conn::{Expect, Expected, NodeConn, ReadFast, State};
 use mio::{Events, Poll};
 use std::io;
 use std::time::{Duration, Instant};
@@ -51,7 +50,7 @@ pub(crate) struct Item<'a> {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Request<'a> {
     pub kind: Kind,
-    pub ttl_ms: i64,
+    pub ttl_ms: u64,
     pub items: &'a [Item<'a>],
 }
 
@@ -65,24 +64,16 @@ pub(crate) struct Driver {
     poll: Poll,
     events: Events,
     pub conns: Vec<NodeConn>,
-    /// The current round's commands, encoded once for every node; `offsets[k]` is where
-    /// slot `k`'s command starts (and the last entry where the commands end).
-    cmd: BytesMut,
-    offsets: Vec<usize>,
+    /// The current round's commands (slot `k`'s is `cmd.command(k)`), encoded once for
+    /// every node.
+    cmd: Frame,
     /// The previous round's commands: a `NOSCRIPT` that arrives after its round was
     /// decided is still answered with `EVAL` from here.
-    cmd_prev: BytesMut,
-    offsets_prev: Vec<usize>,
+    cmd_prev: Frame,
     /// Scratch for per-node extras: EVAL after NOSCRIPT, releases after a lost attempt.
-    extra: BytesMut,
+    extra: Vec<u8>,
     /// Round ids start at 1; 0 tags replies that no round waits for.
     round_id: u64,
-    /// Per node: not yet resent in this round, so a connection found closed may be
-    /// reopened once within the round.
-    may_resend: Vec<bool>,
-    /// Per node: this round's command was handed to its connection, so after a lost
-    /// attempt the node may hold our key and gets the compare-and-delete.
-    sent: Vec<bool>,
     node_timeout: Duration,
     /// A node lagging this long has its connection reset: a stream that lost bytes (a
     /// broken middlebox) would never catch up, and a new connection starts in step.
@@ -90,6 +81,9 @@ pub(crate) struct Driver {
     connect_timeout: Duration,
     max_backoff: Duration,
     limits: Limits,
+    /// The limits admit the common replies (`+OK` is a 2-byte line), so the fast path
+    /// may take them without the general parser.
+    fast_votes: bool,
 }
 
 impl Driver {
@@ -104,14 +98,10 @@ impl Driver {
                 .enumerate()
                 .map(|(i, e)| NodeConn::new(e.clone(), i, now))
                 .collect(),
-            cmd: BytesMut::with_capacity(512),
-            offsets: Vec::with_capacity(2),
-            cmd_prev: BytesMut::with_capacity(512),
-            offsets_prev: Vec::with_capacity(2),
-            extra: BytesMut::with_capacity(512),
+            cmd: Frame::default(),
+            cmd_prev: Frame::default(),
+            extra: Vec::with_capacity(512),
             round_id: 0,
-            may_resend: vec![false; settings.nodes.len()],
-            sent: vec![false; settings.nodes.len()],
             node_timeout: settings.node_timeout,
             stale_after: settings
                 .node_timeout
@@ -120,6 +110,7 @@ impl Driver {
             connect_timeout: settings.connect_timeout,
             max_backoff: settings.max_backoff,
             limits: settings.limits,
+            fast_votes: settings.limits.max_line_len >= 2,
         };
         // Start connecting now, so the first call finds connections ready.
         for conn in &mut driver.conns {
@@ -148,19 +139,31 @@ impl Driver {
         self.round_id += 1;
         round.begin(req.kind, self.conns.len(), req.items.len());
         std::mem::swap(&mut self.cmd, &mut self.cmd_prev);
-        std::mem::swap(&mut self.offsets, &mut self.offsets_prev);
         self.cmd.clear();
-        self.offsets.clear();
+        let cmd = cmd_of(req.kind, req.ttl_ms, true);
         for item in req.items {
-            self.offsets.push(self.cmd.len());
-            encode(&mut self.cmd, req.kind, item, req.ttl_ms, true);
+            self.cmd.push(cmd, item.key, &item.token);
         }
-        self.offsets.push(self.cmd.len());
         let mut active = Active { round, req };
         let lag_cutoff = start.checked_sub(self.node_timeout);
-        let stale_cutoff = start.checked_sub(self.stale_after);
+        let expect = Expect {
+            round: self.round_id,
+            slot: 0,
+            kind: Expected::Command(req.kind),
+            sent_at: start,
+        };
         for node in 0..self.conns.len() {
-            self.start_node(node, &mut active, start, lag_cutoff, stale_cutoff);
+            let conn = &mut self.conns[node];
+            // The common case inline: a healthy connection with nothing queued.
+            if conn.state == State::Ready && !conn.suspect && !conn.is_lagging(lag_cutoff) {
+                conn.may_resend = true;
+                conn.sent = true;
+                if let Err(e) = conn.send(self.cmd.bytes(), expect, req.items.len()) {
+                    self.fail_conn(node, e, Some(&mut active), start);
+                }
+            } else {
+                self.start_node(node, &mut active, start, lag_cutoff);
+            }
         }
         // Settings cap node_timeout far below what an Instant can hold.
         let deadline = start + self.node_timeout;
@@ -175,23 +178,24 @@ impl Driver {
         start
     }
 
-    /// Sends the round's command to one node, or records why it cannot take part.
+    /// Sends the round's command to a node that is not simply ready, or records why it
+    /// cannot take part.
+    #[cold]
     fn start_node(
         &mut self,
         node: usize,
         active: &mut Active<'_>,
         now: Instant,
         lag_cutoff: Option<Instant>,
-        stale_cutoff: Option<Instant>,
     ) {
-        self.may_resend[node] = false;
-        self.sent[node] = false;
+        self.conns[node].may_resend = false;
+        self.conns[node].sent = false;
         if self.conns[node].is_lagging(lag_cutoff) {
             // The caller may simply not have polled for a while (it was busy in its
             // critical section) while the replies sit unread in the socket: read them
             // before calling the node lagging.
             self.on_event(node, true, false, None, now);
-            if self.conns[node].is_lagging(stale_cutoff) {
+            if self.conns[node].is_lagging(now.checked_sub(self.stale_after)) {
                 let conn = &mut self.conns[node];
                 conn.fail(
                     self.poll.registry(),
@@ -222,15 +226,15 @@ impl Driver {
             active.round.fail_node(node, &NodeError::Lagging, now);
             return;
         }
-        self.may_resend[node] = true;
-        self.sent[node] = true;
+        conn.may_resend = true;
+        conn.sent = true;
         let expect = Expect {
             round: self.round_id,
             slot: 0,
             kind: Expected::Command(active.req.kind),
             sent_at: now,
         };
-        if let Err(e) = conn.send(&self.cmd, expect, active.req.items.len()) {
+        if let Err(e) = conn.send(self.cmd.bytes(), expect, active.req.items.len()) {
             self.fail_conn(node, e, Some(active), now);
         }
     }
@@ -242,9 +246,25 @@ impl Driver {
         let now = Instant::now();
         if polled.is_ok() {
             for ev in events.iter() {
+                let node = ev.token().0;
                 let closed = ev.is_read_closed() || ev.is_error();
                 let readable = ev.is_readable() || closed;
-                self.on_event(ev.token().0, readable, closed, active.as_deref_mut(), now);
+                // The hot path: replies on an established connection with nothing queued.
+                if readable && !closed {
+                    if let Some(conn) = self.conns.get_mut(node) {
+                        if conn.state == State::Ready && !conn.has_unsent() {
+                            let active = active.as_deref_mut();
+                            match conn.read_fast() {
+                                ReadFast::Drained => self.dispatch(node, active, now),
+                                ReadFast::Closed => self.dispatch_then_close(node, active, now),
+                                ReadFast::Failed(e) => self.fail_conn(node, e, active, now),
+                                ReadFast::Slow => self.on_event(node, true, false, active, now),
+                            }
+                            continue;
+                        }
+                    }
+                }
+                self.on_event(node, readable, closed, active.as_deref_mut(), now);
             }
         }
         // An interrupted or failed wait just loops again; the round's deadline bounds it.
@@ -252,6 +272,7 @@ impl Driver {
         now
     }
 
+    #[cold]
     fn on_event(
         &mut self,
         node: usize,
@@ -282,125 +303,168 @@ impl Driver {
             return;
         }
         match conn.read(&self.limits, closed) {
-            Ok(closed) => {
-                let generation = conn.generation;
-                let mut active = active;
-                self.dispatch(node, active.as_deref_mut(), now);
-                // Only the connection that was read can be declared closed: dispatch may
-                // have replaced it (a resend after a failure) with a fresh one.
-                let conn = &self.conns[node];
-                if closed && conn.state != State::Down && conn.generation == generation {
-                    self.fail_conn(node, NodeError::Closed, active, now);
-                }
-            }
+            Ok(false) => self.dispatch(node, active, now),
+            Ok(true) => self.dispatch_then_close(node, active, now),
             Err(e) => self.fail_conn(node, e, active, now),
         }
     }
 
+    /// Dispatches what was read before the peer closed, then drops the connection.
+    #[cold]
+    fn dispatch_then_close(
+        &mut self,
+        node: usize,
+        mut active: Option<&mut Active<'_>>,
+        now: Instant,
+    ) {
+        let generation = self.conns[node].generation;
+        self.dispatch(node, active.as_deref_mut(), now);
+        // Only the connection that was read can be declared closed: dispatch may have
+        // replaced it (a resend after a failure) with a fresh one.
+        let conn = &self.conns[node];
+        if conn.state != State::Down && conn.generation == generation {
+            self.fail_conn(node, NodeError::Closed, active, now);
+        }
+    }
+
     /// Feeds every complete reply in `node`'s inbox to whoever waits for it.
+    #[inline(always)]
     fn dispatch(&mut self, node: usize, mut active: Option<&mut Active<'_>>, now: Instant) {
         loop {
             let conn = &mut self.conns[node];
-            if conn.state != State::Ready {
+            if conn.state != State::Ready || !conn.has_input() {
                 return;
             }
-            let (reply, used) = match conn.peek(&self.limits) {
-                Ok(None) => return,
-                Ok(Some(parsed)) => parsed,
-                Err(e) => return self.fail_conn(node, NodeError::Protocol(e), active, now),
-            };
-            let Some(expect) = conn.pending.front().copied() else {
-                let e = NodeError::UnexpectedReply("a reply nobody asked for");
-                return self.fail_conn(node, e, active, now);
-            };
-            let slot = expect.slot as usize;
-            // Votes count only in the round that is waiting for them; handshake and
-            // fire-and-forget replies carry round 0, which never is.
-            let round = active
-                .as_deref_mut()
-                .filter(|_| expect.round == self.round_id)
-                .map(|a| &mut *a.round);
-            // The reply is borrowed from the inbox: act on it before consuming it, and
-            // copy it only to report a failure.
-            let step = match expect.kind {
-                Expected::Status(want) => match reply {
-                    Reply::Simple(got) if got == want => Step::Next,
-                    Reply::Error(msg) => Step::Fail(NodeError::Handshake(lossy(msg))),
-                    _ => Step::Fail(NodeError::UnexpectedReply(
-                        "the handshake (AUTH, SELECT, PING) was answered out of step",
-                    )),
-                },
-                Expected::Command(kind) => match (interpret(kind, &reply), round) {
-                    (Reaction::Yes, Some(r)) => {
-                        r.tally(node, slot, true, now);
-                        Step::Next
-                    }
-                    (Reaction::No, Some(r)) => {
-                        r.tally(node, slot, false, now);
-                        Step::Next
-                    }
-                    (Reaction::Refused(msg), Some(r)) => {
-                        let e = NodeError::Server(lossy(msg));
-                        r.record(node, slot, Outcome::Failed(e), now);
-                        Step::Next
-                    }
-                    (Reaction::NoScript, Some(_)) => Step::NoScript,
-                    (Reaction::NoScript, None) => Step::LateNoScript,
-                    (Reaction::Desync(what), round) => {
-                        let e = NodeError::UnexpectedReply(what);
-                        if let Some(r) = round {
-                            r.record(node, slot, Outcome::Failed(e.clone()), now);
+            if self.fast_votes {
+                if let Some((round, slot, yes)) = conn.take_vote() {
+                    // Votes count only in the round that is waiting for them; a late
+                    // reply of an earlier round is read and dropped.
+                    if round == self.round_id {
+                        if let Some(a) = active.as_deref_mut() {
+                            a.round.tally(node, slot as usize, yes, now);
                         }
-                        Step::Fail(e)
                     }
-                    // A late reply of an earlier round: read and dropped.
-                    (_, None) => Step::Next,
-                },
-            };
-            conn.consume(used);
-            match step {
-                Step::Next => {}
-                Step::Fail(e) => return self.fail_conn(node, e, active, now),
-                Step::LateNoScript => {
-                    // The round was decided before this node answered NOSCRIPT; it still
-                    // gets the script (its vote no longer counts), so that every node the
-                    // command reached ends up with the same key state.
-                    let (cmd, offsets) = if expect.round == self.round_id {
-                        (&self.cmd, &self.offsets)
-                    } else if expect.round + 1 == self.round_id {
-                        (&self.cmd_prev, &self.offsets_prev)
-                    } else {
-                        continue;
-                    };
-                    let (Some(&from), Some(&to)) = (offsets.get(slot), offsets.get(slot + 1))
-                    else {
-                        continue;
-                    };
-                    self.extra.clear();
-                    if !command::evalsha_to_eval(&mut self.extra, &cmd[from..to]) {
-                        continue;
-                    }
-                    if let Err(e) = self.conns[node].send(&self.extra, expect, 1) {
-                        return self.fail_conn(node, e, active, now);
-                    }
+                    continue;
                 }
-                Step::NoScript => {
-                    // The server lost its script cache (restart, SCRIPT FLUSH): send the
-                    // script itself, once, in this same round.
-                    let Some(a) = active.as_deref_mut() else {
-                        continue;
-                    };
-                    let Some(item) = a.req.items.get(slot) else {
-                        continue;
-                    };
-                    self.extra.clear();
-                    encode(&mut self.extra, a.req.kind, item, a.req.ttl_ms, false);
-                    if let Err(e) = self.conns[node].send(&self.extra, expect, 1) {
-                        return self.fail_conn(node, e, active, now);
+            }
+            if !self.dispatch_one(node, active.as_deref_mut(), now) {
+                return;
+            }
+        }
+    }
+
+    /// Handles the next reply in `node`'s inbox in full generality; false when there is
+    /// none (or the connection failed).
+    #[cold]
+    fn dispatch_one(
+        &mut self,
+        node: usize,
+        mut active: Option<&mut Active<'_>>,
+        now: Instant,
+    ) -> bool {
+        let conn = &mut self.conns[node];
+        let (reply, used) = match conn.peek(&self.limits) {
+            Ok(None) => return false,
+            Ok(Some(parsed)) => parsed,
+            Err(e) => {
+                self.fail_conn(node, NodeError::Protocol(e), active, now);
+                return false;
+            }
+        };
+        let Some(expect) = conn.pending.front().copied() else {
+            let e = NodeError::UnexpectedReply("a reply nobody asked for");
+            self.fail_conn(node, e, active, now);
+            return false;
+        };
+        let slot = expect.slot as usize;
+        // Votes count only in the round that is waiting for them; handshake and
+        // fire-and-forget replies carry round 0, which never is.
+        let round = active
+            .as_deref_mut()
+            .filter(|_| expect.round == self.round_id)
+            .map(|a| &mut *a.round);
+        // The reply is borrowed from the inbox: act on it before consuming it, and copy it
+        // only to report a failure.
+        let step = match expect.kind {
+            Expected::Status(want) => match reply {
+                Reply::Simple(got) if got == want.text() => Step::Next,
+                Reply::Error(msg) => Step::Fail(NodeError::Handshake(lossy(msg))),
+                _ => Step::Fail(NodeError::UnexpectedReply(
+                    "the handshake (AUTH, SELECT, PING) was answered out of step",
+                )),
+            },
+            Expected::Command(kind) => match (interpret(kind, &reply), round) {
+                (Reaction::Yes, Some(r)) => {
+                    r.tally(node, slot, true, now);
+                    Step::Next
+                }
+                (Reaction::No, Some(r)) => {
+                    r.tally(node, slot, false, now);
+                    Step::Next
+                }
+                (Reaction::Refused(msg), Some(r)) => {
+                    let e = NodeError::Server(lossy(msg));
+                    r.record(node, slot, Outcome::Failed(e), now);
+                    Step::Next
+                }
+                (Reaction::NoScript, Some(_)) => Step::NoScript,
+                (Reaction::NoScript, None) => Step::LateNoScript,
+                (Reaction::Desync(what), round) => {
+                    let e = NodeError::UnexpectedReply(what);
+                    if let Some(r) = round {
+                        r.record(node, slot, Outcome::Failed(e.clone()), now);
                     }
+                    Step::Fail(e)
+                }
+                // A late reply of an earlier round: read and dropped.
+                (_, None) => Step::Next,
+            },
+        };
+        conn.consume(used);
+        match step {
+            Step::Next => {}
+            Step::Fail(e) => {
+                self.fail_conn(node, e, active, now);
+                return false;
+            }
+            Step::LateNoScript => {
+                // The round was decided before this node answered NOSCRIPT; it still gets
+                // the script (its vote no longer counts), so that every node the command
+                // reached ends up with the same key state.
+                let frame = if expect.round == self.round_id {
+                    &self.cmd
+                } else if expect.round + 1 == self.round_id {
+                    &self.cmd_prev
+                } else {
+                    return true;
+                };
+                self.extra.clear();
+                if !command::evalsha_to_eval(&mut self.extra, frame.command(slot)) {
+                    return true;
+                }
+                if let Err(e) = self.conns[node].send(&self.extra, expect, 1) {
+                    self.fail_conn(node, e, active, now);
+                    return false;
+                }
+            }
+            Step::NoScript => {
+                // The server lost its script cache (restart, SCRIPT FLUSH): send the
+                // script itself, once, in this same round.
+                let Some(a) = active.as_deref_mut() else {
+                    return true;
+                };
+                let Some(item) = a.req.items.get(slot) else {
+                    return true;
+                };
+                self.extra.clear();
+                encode(&mut self.extra, a.req.kind, item, a.req.ttl_ms, false);
+                if let Err(e) = self.conns[node].send(&self.extra, expect, 1) {
+                    self.fail_conn(node, e, active, now);
+                    return false;
                 }
             }
         }
+        true
     }
 
     /// Drops `node`'s connection. Within a round, a connection found closed is reopened
@@ -417,7 +481,7 @@ impl Driver {
         // Closed or reset: most likely the server dropped a connection we had not used
         // for a while (timeout, CLIENT KILL, restart). Anything else is the node's fault.
         let stale = matches!(error, NodeError::Closed | NodeError::Io(..));
-        let resend = std::mem::take(&mut self.may_resend[node]) && stale;
+        let resend = std::mem::take(&mut self.conns[node].may_resend) && stale;
         let conn = &mut self.conns[node];
         conn.fail(self.poll.registry(), error.clone(), now, self.max_backoff);
         let Some(active) = active else {
@@ -432,8 +496,11 @@ impl Driver {
                     kind: Expected::Command(active.req.kind),
                     sent_at: now,
                 };
-                if conn.send(&self.cmd, expect, active.req.items.len()).is_ok() {
-                    self.sent[node] = true;
+                if conn
+                    .send(self.cmd.bytes(), expect, active.req.items.len())
+                    .is_ok()
+                {
+                    conn.sent = true;
                     return;
                 }
                 conn.fail(
@@ -474,10 +541,10 @@ impl Driver {
         }
         let now = Instant::now();
         for node in 0..self.conns.len() {
-            if !self.sent[node] {
+            let conn = &mut self.conns[node];
+            if !conn.sent {
                 continue;
             }
-            let conn = &mut self.conns[node];
             conn.reconnect_now(self.poll.registry(), now, self.max_backoff);
             if conn.state == State::Down {
                 continue;
@@ -498,6 +565,7 @@ impl Driver {
     pub fn buffered(&self) -> usize {
         self.conns.iter().map(NodeConn::buffered).sum::<usize>()
             + self.cmd.capacity()
+            + self.cmd_prev.capacity()
             + self.extra.capacity()
     }
 }
@@ -514,7 +582,15 @@ fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn encode(out: &mut BytesMut, kind: Kind, item: &Item<'_>, ttl_ms: i64, by_sha: bool) {
+fn cmd_of(kind: Kind, ttl_ms: u64, by_sha: bool) -> Cmd {
+    match kind {
+        Kind::Acquire => Cmd::Acquire { ttl_ms },
+        Kind::Extend => Cmd::Extend { ttl_ms, by_sha },
+        Kind::Release => Cmd::Release { by_sha },
+    }
+}
+
+fn encode(out: &mut Vec<u8>, kind: Kind, item: &Item<'_>, ttl_ms: u64, by_sha: bool) {
     match kind {
         Kind::Acquire => command::acquire(out, item.key, &item.token, ttl_ms),
         Kind::Extend => command::extend(out, item.key, &item.token, ttl_ms, by_sha),

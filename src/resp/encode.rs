@@ -70,7 +70,7 @@ pub fn line<B: BufMut>(out: &mut B, kind: u8, value: u64, negative: bool) {
 }
 
 /// Formats `value` into the tail of `buf` and returns the digits, two at a time.
-fn decimal(buf: &mut [u8; 20], mut value: u64) -> &[u8] {
+pub(crate) fn decimal(buf: &mut [u8; 20], mut value: u64) -> &[u8] {
     const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
                                 2021222324252627282930313233343536373839\
                                 4041424344454647484950515253545556575859\
