@@ -1,7 +1,7 @@
 //! The client: Redlock's acquire, extend and release on top of the driver's rounds.
 
 use crate::config::{Builder, Settings};
-use crate::core::quorum::{deadline, drift, quorum};
+use crate::core::quorum::{deadline, drift, quorum, safe_span};
 use crate::core::round::{Decision, Kind, Round};
 use crate::core::token::TokenSource;
 use crate::driver::{Driver, Item, Request};
@@ -41,6 +41,9 @@ pub struct Redlock {
     round: Round,
     tokens: TokenSource,
     lost: Vec<usize>,
+    /// The last ttl (whole ms) an attempt used and its `ttl − drift`: services lock with
+    /// one ttl, and the float arithmetic of the drift is then done once.
+    safe_ttl: (u64, Option<Duration>),
 }
 
 impl std::fmt::Debug for Redlock {
@@ -71,6 +74,7 @@ impl Redlock {
             round: Round::default(),
             tokens: TokenSource::from_os(),
             lost: Vec::new(),
+            safe_ttl: (0, None),
         })
     }
 
@@ -121,7 +125,10 @@ impl Redlock {
         let ttl_ms = ttl_millis(ttl)?;
         check_resource(resource)?;
         let whole_ms = Duration::from_millis(ttl_ms);
-        if whole_ms <= drift(whole_ms, self.settings.drift_factor) {
+        if self.safe_ttl.0 != ttl_ms {
+            self.safe_ttl = (ttl_ms, safe_span(whole_ms, self.settings.drift_factor));
+        }
+        let Some(safe) = self.safe_ttl.1 else {
             // Such a lock could never be valid: say so instead of failing every attempt.
             return Err(Error::Config(ConfigError::new(
                 "ttl",
@@ -131,7 +138,7 @@ impl Redlock {
                     drift(whole_ms, self.settings.drift_factor)
                 ),
             )));
-        }
+        };
         let items = [Item {
             key: resource,
             token: self.tokens.next_token(),
@@ -142,7 +149,7 @@ impl Redlock {
             items: &items,
         };
         let start = self.driver.run(&mut self.round, &req);
-        let lock = self.settle_acquire(&items[0], 0, ttl, start, attempt);
+        let lock = self.settle_acquire(&items[0], 0, whole_ms, Some(safe), start, attempt);
         if lock.is_err() {
             self.lost.clear();
             self.lost.push(0);
@@ -151,21 +158,23 @@ impl Redlock {
         lock
     }
 
-    /// Turns the decision of `slot` into a lock or an error.
+    /// Turns the decision of `slot` into a lock or an error. `ttl` is in whole
+    /// milliseconds, `safe` is `ttl − drift` (`None` when drift eats it all).
+    #[inline]
     fn settle_acquire(
         &self,
         item: &Item<'_>,
         slot: usize,
         ttl: Duration,
+        safe: Option<Duration>,
         start: Instant,
         attempt: u32,
     ) -> Result<Lock, Error> {
-        let ttl = Duration::from_millis(ttl.as_millis() as u64);
         let failure = || self.failure(Phase::Acquire, item.key, slot, attempt, start);
         match self.round.decision(slot) {
             Decision::Won => {
                 let decided = self.round.decided_at(slot).unwrap_or(start);
-                match deadline(start, ttl, self.settings.drift_factor) {
+                match safe.and_then(|safe| start.checked_add(safe)) {
                     Some(end) if decided < end => {
                         Ok(Lock::new(item.key, item.token, ttl, start, end))
                     }
@@ -315,7 +324,7 @@ impl Redlock {
         let mut rest = resources;
         while !rest.is_empty() {
             let (batch, tail) = rest.split_at(batch_len(rest));
-            self.lock_batch(batch, ttl, ttl_ms, &mut results);
+            self.lock_batch(batch, ttl_ms, &mut results);
             rest = tail;
         }
         results
@@ -325,10 +334,11 @@ impl Redlock {
     fn lock_batch<R: AsRef<[u8]>>(
         &mut self,
         resources: &[R],
-        ttl: Duration,
         ttl_ms: u64,
         results: &mut Vec<Result<Lock, Error>>,
     ) {
+        let whole = Duration::from_millis(ttl_ms);
+        let safe = safe_span(whole, self.settings.drift_factor);
         let items: Vec<Item<'_>> = resources
             .iter()
             .map(AsRef::as_ref)
@@ -355,7 +365,7 @@ impl Redlock {
                 results.push(Err(e));
                 continue;
             }
-            let result = self.settle_acquire(&items[slot], slot, ttl, start, 1);
+            let result = self.settle_acquire(&items[slot], slot, whole, safe, start, 1);
             if result.is_err() {
                 self.lost.push(slot);
             }
@@ -463,17 +473,22 @@ fn check_resource(resource: &[u8]) -> Result<(), Error> {
 
 /// The ttl in whole milliseconds, as `PX` takes it.
 fn ttl_millis(ttl: Duration) -> Result<u64, Error> {
-    match ttl.as_millis() {
-        0 => Err(Error::Config(ConfigError::new(
+    // In u64: no u128 arithmetic on the hot path. `None` is past u64 milliseconds.
+    let ms = ttl
+        .as_secs()
+        .checked_mul(1000)
+        .and_then(|ms| ms.checked_add(u64::from(ttl.subsec_millis())));
+    match ms {
+        Some(0) => Err(Error::Config(ConfigError::new(
             "ttl",
             format!("{ttl:?}"),
             "must be at least 1 ms",
         ))),
-        ms if ms > (i64::MAX as u128) / 1000 => Err(Error::Config(ConfigError::new(
+        Some(ms) if ms <= i64::MAX as u64 / 1000 => Ok(ms),
+        _ => Err(Error::Config(ConfigError::new(
             "ttl",
             format!("{ttl:?}"),
             "is too large",
         ))),
-        ms => Ok(ms as u64),
     }
 }

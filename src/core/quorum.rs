@@ -28,7 +28,9 @@ pub const fn quorum(n: usize) -> usize {
 /// ```
 pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
     // Whole microseconds: the factor is a float, the result must not be.
-    let scaled = (ttl.as_micros() as f64 * drift_factor) as u64;
+    // Through u64, not u128: a u128-to-float conversion is a library call on the hot path.
+    let micros = u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX);
+    let scaled = (micros as f64 * drift_factor) as u64;
     Duration::from_micros(scaled) + Duration::from_millis(2)
 }
 
@@ -38,11 +40,24 @@ pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
 ///
 /// Returns `None` when drift alone eats the whole ttl.
 pub fn deadline(start: Instant, ttl: Duration, drift_factor: f64) -> Option<Instant> {
-    let safe = ttl.checked_sub(drift(ttl, drift_factor))?;
-    if safe.is_zero() {
-        return None;
-    }
-    start.checked_add(safe)
+    start.checked_add(safe_span(ttl, drift_factor)?)
+}
+
+/// How long after its start a lock with `ttl` stays safe: `ttl − drift`, or `None` when
+/// drift alone eats the whole ttl.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::core::quorum::safe_span;
+///
+/// assert_eq!(safe_span(Duration::from_secs(10), 0.01), Some(Duration::from_millis(9_898)));
+/// assert_eq!(safe_span(Duration::from_millis(2), 0.0), None);
+/// ```
+pub fn safe_span(ttl: Duration, drift_factor: f64) -> Option<Duration> {
+    ttl.checked_sub(drift(ttl, drift_factor))
+        .filter(|safe| !safe.is_zero())
 }
 
 /// Remaining validity at `now`, or `None` when the lock is no longer valid.

@@ -168,20 +168,24 @@ impl Round {
     pub fn begin(&mut self, kind: Kind, nodes: usize, slots: usize) {
         self.kind = Some(kind);
         self.nodes = nodes;
-        self.slots.clear();
-        self.slots.resize(
-            slots,
-            Slot {
-                tally: Tally {
-                    pending: nodes as u32,
-                    ..Tally::default()
-                },
-                decision: Decision::Open,
-                decided_at: None,
+        let open = Slot {
+            tally: Tally {
+                pending: nodes as u32,
+                ..Tally::default()
             },
-        );
-        self.votes.clear();
-        self.votes.resize(slots * nodes, Vote::Pending);
+            decision: Decision::Open,
+            decided_at: None,
+        };
+        // Same shape as the last round (the common case): overwrite in place.
+        if self.slots.len() == slots && self.votes.len() == slots * nodes {
+            self.slots.fill(open);
+            self.votes.fill(Vote::Pending);
+        } else {
+            self.slots.clear();
+            self.slots.resize(slots, open);
+            self.votes.clear();
+            self.votes.resize(slots * nodes, Vote::Pending);
+        }
         self.failures.clear();
         self.open = slots;
         self.quorum = quorum(nodes) as u32;

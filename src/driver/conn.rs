@@ -410,7 +410,7 @@ impl NodeConn {
             Err(e) => match e.kind() {
                 io::ErrorKind::WouldBlock => ReadFast::Drained,
                 io::ErrorKind::Interrupted => ReadFast::Slow,
-                _ => ReadFast::Failed(e.into()),
+                _ => ReadFast::Failed(e),
             },
         }
     }
@@ -459,13 +459,24 @@ impl NodeConn {
             return None;
         };
         let buf = self.inbox.get(self.head..self.tail)?;
-        let (yes, used) = match (kind, buf) {
-            (Kind::Acquire, [b'+', b'O', b'K', b'\r', b'\n', ..]) => (true, 5),
-            (Kind::Acquire, [b'$', b'-', b'1', b'\r', b'\n', ..]) => (false, 5),
-            (Kind::Extend | Kind::Release, [b':', d @ (b'0' | b'1'), b'\r', b'\n', ..]) => {
-                (*d == b'1', 4)
+        // One 4-byte compare per form instead of byte by byte.
+        let head = u32::from_le_bytes(*buf.first_chunk::<4>()?);
+        let (yes, used) = if kind == Kind::Acquire {
+            let (ok, nil) = (u32::from_le_bytes(*b"+OK\r"), u32::from_le_bytes(*b"$-1\r"));
+            if buf.get(4) != Some(&b'\n') {
+                return None;
             }
-            _ => return None,
+            match head {
+                h if h == ok => (true, 5),
+                h if h == nil => (false, 5),
+                _ => return None,
+            }
+        } else {
+            match head {
+                h if h == u32::from_le_bytes(*b":1\r\n") => (true, 4),
+                h if h == u32::from_le_bytes(*b":0\r\n") => (false, 4),
+                _ => return None,
+            }
         };
         let vote = (expect.round, expect.slot, yes);
         self.consume(used);
@@ -532,7 +543,7 @@ pub(crate) enum ReadFast {
     /// The peer closed the connection (after what was read before).
     Closed,
     /// The socket failed.
-    Failed(NodeError),
+    Failed(io::Error),
     /// Not finished: continue with [`NodeConn::read`].
     Slow,
 }

@@ -64,12 +64,11 @@ pub(crate) struct Driver {
     poll: Poll,
     events: Events,
     pub conns: Vec<NodeConn>,
-    /// The current round's commands (slot `k`'s is `cmd.command(k)`), encoded once for
-    /// every node.
-    cmd: Frame,
-    /// The previous round's commands: a `NOSCRIPT` that arrives after its round was
-    /// decided is still answered with `EVAL` from here.
-    cmd_prev: Frame,
+    /// The commands of the current round (`frames[round_id % 2]`; slot `k`'s is
+    /// `command(k)`), encoded once for every node, and of the previous round: a `NOSCRIPT`
+    /// that arrives after its round was decided is still answered with `EVAL` from there.
+    /// Alternating by parity means no buffer is ever moved or swapped.
+    frames: [Frame; 2],
     /// Scratch for per-node extras: EVAL after NOSCRIPT, releases after a lost attempt.
     extra: Vec<u8>,
     /// Round ids start at 1; 0 tags replies that no round waits for.
@@ -98,8 +97,7 @@ impl Driver {
                 .enumerate()
                 .map(|(i, e)| NodeConn::new(e.clone(), i, now))
                 .collect(),
-            cmd: Frame::default(),
-            cmd_prev: Frame::default(),
+            frames: [Frame::default(), Frame::default()],
             extra: Vec::with_capacity(512),
             round_id: 0,
             node_timeout: settings.node_timeout,
@@ -134,15 +132,18 @@ impl Driver {
             // away: late replies, closed connections, and bytes no command asked for,
             // which would otherwise be taken for the answer to this command. One
             // non-blocking epoll_wait; a release, whose count is all it reports, skips it.
-            self.poll_once(Duration::ZERO, None)
+            let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
+            let now = self.poll_once(&mut events, Duration::ZERO, None);
+            self.events = events;
+            now
         };
         self.round_id += 1;
         round.begin(req.kind, self.conns.len(), req.items.len());
-        std::mem::swap(&mut self.cmd, &mut self.cmd_prev);
-        self.cmd.clear();
+        let frame = &mut self.frames[(self.round_id & 1) as usize];
+        frame.clear();
         let cmd = cmd_of(req.kind, req.ttl_ms, true);
         for item in req.items {
-            self.cmd.push(cmd, item.key, &item.token);
+            frame.push(cmd, item.key, &item.token);
         }
         let mut active = Active { round, req };
         let lag_cutoff = start.checked_sub(self.node_timeout);
@@ -158,7 +159,11 @@ impl Driver {
             if conn.state == State::Ready && !conn.suspect && !conn.is_lagging(lag_cutoff) {
                 conn.may_resend = true;
                 conn.sent = true;
-                if let Err(e) = conn.send(self.cmd.bytes(), expect, req.items.len()) {
+                if let Err(e) = conn.send(
+                    self.frames[(self.round_id & 1) as usize].bytes(),
+                    expect,
+                    req.items.len(),
+                ) {
                     self.fail_conn(node, e, Some(&mut active), start);
                 }
             } else {
@@ -168,13 +173,21 @@ impl Driver {
         // Settings cap node_timeout far below what an Instant can hold.
         let deadline = start + self.node_timeout;
         let mut now = start;
+        // Taken out once per round, not once per wait: the event loop borrows `self`.
+        let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
         while !active.round.is_done() {
-            if now >= deadline {
+            // The first wait starts at `start`: no need to subtract.
+            let timeout = if now == start {
+                self.node_timeout
+            } else if now >= deadline {
                 active.round.time_out(now);
                 break;
-            }
-            now = self.poll_once(deadline - now, Some(&mut active));
+            } else {
+                deadline - now
+            };
+            now = self.poll_once(&mut events, timeout, Some(&mut active));
         }
+        self.events = events;
         start
     }
 
@@ -234,15 +247,24 @@ impl Driver {
             kind: Expected::Command(active.req.kind),
             sent_at: now,
         };
-        if let Err(e) = conn.send(self.cmd.bytes(), expect, active.req.items.len()) {
+        if let Err(e) = conn.send(
+            self.frames[(self.round_id & 1) as usize].bytes(),
+            expect,
+            active.req.items.len(),
+        ) {
             self.fail_conn(node, e, Some(active), now);
         }
     }
 
     /// Waits for events at most `timeout` and handles them; returns the time after the wait.
-    fn poll_once(&mut self, timeout: Duration, mut active: Option<&mut Active<'_>>) -> Instant {
-        let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
-        let polled = self.poll.poll(&mut events, Some(timeout));
+    #[inline(always)]
+    fn poll_once(
+        &mut self,
+        events: &mut Events,
+        timeout: Duration,
+        mut active: Option<&mut Active<'_>>,
+    ) -> Instant {
+        let polled = self.poll.poll(events, Some(timeout));
         let now = Instant::now();
         if polled.is_ok() {
             for ev in events.iter() {
@@ -255,9 +277,9 @@ impl Driver {
                         if conn.state == State::Ready && !conn.has_unsent() {
                             let active = active.as_deref_mut();
                             match conn.read_fast() {
-                                ReadFast::Drained => self.dispatch(node, active, now),
+                                ReadFast::Drained => self.dispatch_fresh(node, active, now),
                                 ReadFast::Closed => self.dispatch_then_close(node, active, now),
-                                ReadFast::Failed(e) => self.fail_conn(node, e, active, now),
+                                ReadFast::Failed(e) => self.fail_conn(node, e.into(), active, now),
                                 ReadFast::Slow => self.on_event(node, true, false, active, now),
                             }
                             continue;
@@ -268,7 +290,6 @@ impl Driver {
             }
         }
         // An interrupted or failed wait just loops again; the round's deadline bounds it.
-        self.events = events;
         now
     }
 
@@ -327,8 +348,33 @@ impl Driver {
         }
     }
 
-    /// Feeds every complete reply in `node`'s inbox to whoever waits for it.
+    /// [`Driver::dispatch`] right after a read on a ready connection: the common votes
+    /// are taken here, with nothing else in the way; the rest goes the general way.
     #[inline(always)]
+    fn dispatch_fresh(&mut self, node: usize, mut active: Option<&mut Active<'_>>, now: Instant) {
+        let round_id = self.round_id;
+        let Some(conn) = self.conns.get_mut(node) else {
+            return;
+        };
+        if self.fast_votes {
+            while let Some((round, slot, yes)) = conn.take_vote() {
+                // Votes count only in the round that is waiting for them; a late reply of
+                // an earlier round is read and dropped.
+                if round == round_id {
+                    if let Some(a) = active.as_deref_mut() {
+                        a.round.tally(node, slot as usize, yes, now);
+                    }
+                }
+                if !conn.has_input() {
+                    return;
+                }
+            }
+        }
+        self.dispatch(node, active, now);
+    }
+
+    /// Feeds every complete reply in `node`'s inbox to whoever waits for it.
+    #[inline]
     fn dispatch(&mut self, node: usize, mut active: Option<&mut Active<'_>>, now: Instant) {
         loop {
             let conn = &mut self.conns[node];
@@ -337,6 +383,7 @@ impl Driver {
             }
             if self.fast_votes {
                 if let Some((round, slot, yes)) = conn.take_vote() {
+                    let more = conn.has_input();
                     // Votes count only in the round that is waiting for them; a late
                     // reply of an earlier round is read and dropped.
                     if round == self.round_id {
@@ -344,7 +391,10 @@ impl Driver {
                             a.round.tally(node, slot as usize, yes, now);
                         }
                     }
-                    continue;
+                    if more {
+                        continue;
+                    }
+                    return;
                 }
             }
             if !self.dispatch_one(node, active.as_deref_mut(), now) {
@@ -431,13 +481,11 @@ impl Driver {
                 // The round was decided before this node answered NOSCRIPT; it still gets
                 // the script (its vote no longer counts), so that every node the command
                 // reached ends up with the same key state.
-                let frame = if expect.round == self.round_id {
-                    &self.cmd
-                } else if expect.round + 1 == self.round_id {
-                    &self.cmd_prev
-                } else {
+                // Only the current and the previous round's commands are kept.
+                if expect.round != self.round_id && expect.round + 1 != self.round_id {
                     return true;
-                };
+                }
+                let frame = &self.frames[(expect.round & 1) as usize];
                 self.extra.clear();
                 if !command::evalsha_to_eval(&mut self.extra, frame.command(slot)) {
                     return true;
@@ -497,7 +545,11 @@ impl Driver {
                     sent_at: now,
                 };
                 if conn
-                    .send(self.cmd.bytes(), expect, active.req.items.len())
+                    .send(
+                        self.frames[(self.round_id & 1) as usize].bytes(),
+                        expect,
+                        active.req.items.len(),
+                    )
                     .is_ok()
                 {
                     conn.sent = true;
@@ -521,7 +573,9 @@ impl Driver {
             if now >= until {
                 return;
             }
-            self.poll_once(until - now, None);
+            let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
+            self.poll_once(&mut events, until - now, None);
+            self.events = events;
         }
     }
 
@@ -564,8 +618,8 @@ impl Driver {
     /// Sum of buffer capacities over all nodes (for tests of bounded memory).
     pub fn buffered(&self) -> usize {
         self.conns.iter().map(NodeConn::buffered).sum::<usize>()
-            + self.cmd.capacity()
-            + self.cmd_prev.capacity()
+            + self.frames[0].capacity()
+            + self.frames[1].capacity()
             + self.extra.capacity()
     }
 }
