@@ -149,18 +149,41 @@ impl Redlock {
             items: &items,
         };
         let start = self.driver.run(&mut self.round, &req);
-        let lock = self.settle_acquire(&items[0], 0, whole_ms, Some(safe), start, attempt);
-        if lock.is_err() {
-            self.lost.clear();
-            self.lost.push(0);
-            self.driver.release_lost(&items, &self.lost);
+        if let Some(end) = self.won_until(0, Some(safe), start) {
+            // Built in place: a lock is 150 bytes, not worth a copy on the hot path.
+            return Ok(Lock::new(resource, items[0].token, whole_ms, start, end));
         }
-        lock
+        let error = self.acquire_error(resource, 0, start, attempt);
+        self.lost.clear();
+        self.lost.push(0);
+        self.driver.release_lost(&items, &self.lost);
+        Err(error)
+    }
+
+    /// When `slot` was won in time: the lock's deadline (`start + safe`).
+    #[inline]
+    fn won_until(&self, slot: usize, safe: Option<Duration>, start: Instant) -> Option<Instant> {
+        if self.round.decision(slot) != Decision::Won {
+            return None;
+        }
+        let decided = self.round.decided_at(slot).unwrap_or(start);
+        let end = start.checked_add(safe?)?;
+        (decided < end).then_some(end)
+    }
+
+    /// Why `slot` was not won (or was won too late).
+    #[cold]
+    fn acquire_error(&self, resource: &[u8], slot: usize, start: Instant, attempt: u32) -> Error {
+        let failure = self.failure(Phase::Acquire, resource, slot, attempt, start);
+        match self.round.decision(slot) {
+            Decision::Won => Error::Expired(failure),
+            Decision::Taken => Error::Taken(failure),
+            _ => Error::Unavailable(failure),
+        }
     }
 
     /// Turns the decision of `slot` into a lock or an error. `ttl` is in whole
     /// milliseconds, `safe` is `ttl − drift` (`None` when drift eats it all).
-    #[inline]
     fn settle_acquire(
         &self,
         item: &Item<'_>,
@@ -170,19 +193,9 @@ impl Redlock {
         start: Instant,
         attempt: u32,
     ) -> Result<Lock, Error> {
-        let failure = || self.failure(Phase::Acquire, item.key, slot, attempt, start);
-        match self.round.decision(slot) {
-            Decision::Won => {
-                let decided = self.round.decided_at(slot).unwrap_or(start);
-                match safe.and_then(|safe| start.checked_add(safe)) {
-                    Some(end) if decided < end => {
-                        Ok(Lock::new(item.key, item.token, ttl, start, end))
-                    }
-                    _ => Err(Error::Expired(failure())),
-                }
-            }
-            Decision::Taken => Err(Error::Taken(failure())),
-            _ => Err(Error::Unavailable(failure())),
+        match self.won_until(slot, safe, start) {
+            Some(end) => Ok(Lock::new(item.key, item.token, ttl, start, end)),
+            None => Err(self.acquire_error(item.key, slot, start, attempt)),
         }
     }
 

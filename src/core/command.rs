@@ -157,6 +157,34 @@ struct Parts {
 }
 
 const SET_HEAD: &[u8; 13] = b"*6\r\n$3\r\nSET\r\n";
+/// `SET`'s head and the `$` of the key's length.
+const SET_HEAD_KEY: &[u8; 14] = b"*6\r\n$3\r\nSET\r\n$";
+/// After the token of a `SET`: its CRLF, `NX`, `PX` and the `$` of the ttl's length.
+const TOKEN_END_NX_PX: &[u8; 19] = b"\r\n$2\r\nNX\r\n$2\r\nPX\r\n$";
+/// `*5 EVALSHA <release sha> 1` and the `$` of the key's length.
+const RELEASE_SHA_HEAD_KEY: [u8; 72] = sha_head(b'5', script::RELEASE_SHA);
+/// `*6 EVALSHA <extend sha> 1` and the `$` of the key's length.
+const EXTEND_SHA_HEAD_KEY: [u8; 72] = sha_head(b'6', script::EXTEND_SHA);
+
+/// `*<args>\r\n$7\r\nEVALSHA\r\n$40\r\n<sha>\r\n$1\r\n1\r\n$`, built at compile time.
+const fn sha_head(args: u8, sha: &[u8; 40]) -> [u8; 72] {
+    let mut out = [0u8; 72];
+    let mut at = copy_into(&mut out, 0, &[b'*', args, b'\r', b'\n']);
+    at = copy_into(&mut out, at, EVALSHA_HEAD);
+    at = copy_into(&mut out, at, sha);
+    at = copy_into(&mut out, at, ONE_KEY);
+    copy_into(&mut out, at, b"$");
+    out
+}
+
+const fn copy_into(out: &mut [u8; 72], at: usize, bytes: &[u8]) -> usize {
+    let mut i = 0;
+    while i < bytes.len() {
+        out[at + i] = bytes[i];
+        i += 1;
+    }
+    at + bytes.len()
+}
 const NX_PX: &[u8; 16] = b"$2\r\nNX\r\n$2\r\nPX\r\n";
 const EVALSHA_HEAD: &[u8; 18] = b"$7\r\nEVALSHA\r\n$40\r\n";
 const EVAL_HEAD: &[u8; 10] = b"$4\r\nEVAL\r\n";
@@ -199,30 +227,34 @@ impl Parts {
     #[inline]
     fn write(&self, dst: &mut [u8], key: &[u8], token: &Token) {
         let mut w = Writer { dst, at: 0 };
+        // Everything up to the key's length is fixed for SET and for EVALSHA: one copy.
         match self.cmd {
-            Cmd::Acquire { .. } => w.put(SET_HEAD),
-            Cmd::Extend { by_sha, .. } => {
+            Cmd::Acquire { .. } => w.put(SET_HEAD_KEY),
+            Cmd::Release { by_sha: true } => w.put(&RELEASE_SHA_HEAD_KEY),
+            Cmd::Extend { by_sha: true, .. } => w.put(&EXTEND_SHA_HEAD_KEY),
+            Cmd::Extend { by_sha: false, .. } => {
                 w.put(b"*6\r\n");
-                w.script(by_sha, script::EXTEND, script::EXTEND_SHA);
+                w.script(false, script::EXTEND, script::EXTEND_SHA);
+                w.put(b"$");
             }
-            Cmd::Release { by_sha } => {
+            Cmd::Release { by_sha: false } => {
                 w.put(b"*5\r\n");
-                w.script(by_sha, script::RELEASE, script::RELEASE_SHA);
+                w.script(false, script::RELEASE, script::RELEASE_SHA);
+                w.put(b"$");
             }
         }
-        w.put(b"$");
         w.decimal(key.len() as u64, self.key_digits);
         w.put(b"\r\n");
         w.put(key);
         w.put(KEY_END_TOKEN_HEAD);
         w.put(token.as_array());
-        w.put(b"\r\n");
-        if let Cmd::Acquire { .. } = self.cmd {
-            w.put(NX_PX);
+        match self.cmd {
+            Cmd::Acquire { .. } => w.put(TOKEN_END_NX_PX),
+            Cmd::Extend { .. } => w.put(b"\r\n$"),
+            Cmd::Release { .. } => w.put(b"\r\n"),
         }
         if self.ttl_digits > 0 {
             let n = self.ttl_digits as u64;
-            w.put(b"$");
             w.decimal(n, digits(n));
             w.put(b"\r\n");
             w.decimal(self.ttl, self.ttl_digits);
@@ -248,15 +280,20 @@ fn script_len(by_sha: bool, body: &[u8]) -> usize {
     }
 }
 
-/// Number of decimal digits of `v` (1 for 0).
+/// Number of decimal digits of `v` (1 for 0). Key lengths and ttls are short numbers:
+/// a few compares, no division.
 #[inline]
-fn digits(mut v: u64) -> usize {
-    let mut n = 1;
-    while v >= 10 {
-        v /= 10;
-        n += 1;
+fn digits(v: u64) -> usize {
+    match v {
+        0..10 => 1,
+        10..100 => 2,
+        100..1_000 => 3,
+        1_000..10_000 => 4,
+        10_000..100_000 => 5,
+        100_000..1_000_000 => 6,
+        1_000_000..10_000_000 => 7,
+        _ => v.ilog10() as usize + 1,
     }
-    n
 }
 
 /// Bytes written front to back into a slice sized for them.
@@ -273,13 +310,26 @@ impl Writer<'_> {
         self.at = end;
     }
 
-    /// Writes `v`, which has `n` digits (from [`digits`]), straight into place.
+    /// Writes `v`, which has `n` digits (from [`digits`]), straight into place, two
+    /// digits per division.
     #[inline(always)]
     fn decimal(&mut self, mut v: u64, n: usize) {
+        const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+                                    2021222324252627282930313233343536373839\
+                                    4041424344454647484950515253545556575859\
+                                    6061626364656667686970717273747576777879\
+                                    8081828384858687888990919293949596979899";
         let end = self.at + n;
-        for b in self.dst[self.at..end].iter_mut().rev() {
-            *b = b'0' + (v % 10) as u8;
-            v /= 10;
+        let out = &mut self.dst[self.at..end];
+        let mut i = out.len();
+        while i >= 2 {
+            let pair = (v % 100) as usize * 2;
+            v /= 100;
+            out[i - 2..i].copy_from_slice(&PAIRS[pair..pair + 2]);
+            i -= 2;
+        }
+        if i == 1 {
+            out[0] = b'0' + (v % 10) as u8;
         }
         self.at = end;
     }

@@ -14,6 +14,7 @@
 //! - When a connection fails it is dropped whole: buffers and `pending` are cleared, so no
 //!   stale reply can ever be matched to a later command.
 
+use super::fifo::Fifo;
 use crate::config::{Address, Endpoint};
 use crate::core::round::Kind;
 use crate::error::NodeError;
@@ -22,7 +23,6 @@ use crate::resp::{Limits, ProtocolError, Reply, decode};
 use bytes::{Buf, BytesMut};
 use mio::net::{TcpStream, UnixStream};
 use mio::{Interest, Registry, Token};
-use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -108,7 +108,7 @@ pub(crate) struct NodeConn {
     // INVARIANT: head <= tail <= inbox.len()
     head: usize,
     tail: usize,
-    pub pending: VecDeque<Expect>,
+    pub pending: Fifo<Expect>,
     backoff: Duration,
     retry_at: Instant,
     connect_started: Instant,
@@ -137,7 +137,7 @@ impl NodeConn {
             inbox: vec![0; INBOX],
             head: 0,
             tail: 0,
-            pending: VecDeque::new(),
+            pending: Fifo::new(),
             backoff: Duration::ZERO,
             retry_at: now,
             connect_started: now,
@@ -278,7 +278,7 @@ impl NodeConn {
         }
         self.state = State::Ready;
         // What was queued while connecting is only written now: the lag clock starts here.
-        for expect in &mut self.pending {
+        for expect in self.pending.iter_mut() {
             expect.sent_at = now;
         }
         self.flush()?;

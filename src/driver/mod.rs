@@ -27,6 +27,7 @@
 //!   kernel still accepts connections, and waiting on one would cost `node_timeout`.
 
 pub(crate) mod conn;
+mod fifo;
 
 use crate::config::Settings;
 use crate::core::command::{self, Cmd, Frame};
@@ -74,6 +75,9 @@ pub(crate) struct Driver {
     /// Round ids start at 1; 0 tags replies that no round waits for.
     round_id: u64,
     node_timeout: Duration,
+    /// Half of it: the longest wait that cannot overrun a round's deadline before
+    /// halfway.
+    half_timeout: Duration,
     /// A node lagging this long has its connection reset: a stream that lost bytes (a
     /// broken middlebox) would never catch up, and a new connection starts in step.
     stale_after: Duration,
@@ -101,6 +105,7 @@ impl Driver {
             extra: Vec::with_capacity(512),
             round_id: 0,
             node_timeout: settings.node_timeout,
+            half_timeout: settings.node_timeout / 2,
             stale_after: settings
                 .node_timeout
                 .saturating_mul(20)
@@ -146,7 +151,8 @@ impl Driver {
             frame.push(cmd, item.key, &item.token);
         }
         let mut active = Active { round, req };
-        let lag_cutoff = start.checked_sub(self.node_timeout);
+        // `start − node_timeout`, computed only if some node owes replies.
+        let mut lag_cutoff: Option<Option<Instant>> = None;
         let expect = Expect {
             round: self.round_id,
             slot: 0,
@@ -156,7 +162,12 @@ impl Driver {
         for node in 0..self.conns.len() {
             let conn = &mut self.conns[node];
             // The common case inline: a healthy connection with nothing queued.
-            if conn.state == State::Ready && !conn.suspect && !conn.is_lagging(lag_cutoff) {
+            let lagging = conn.pending.front().is_some_and(|_| {
+                let cutoff =
+                    *lag_cutoff.get_or_insert_with(|| start.checked_sub(self.node_timeout));
+                conn.is_lagging(cutoff)
+            });
+            if conn.state == State::Ready && !conn.suspect && !lagging {
                 conn.may_resend = true;
                 conn.sent = true;
                 if let Err(e) = conn.send(
@@ -167,23 +178,35 @@ impl Driver {
                     self.fail_conn(node, e, Some(&mut active), start);
                 }
             } else {
-                self.start_node(node, &mut active, start, lag_cutoff);
+                let cutoff = start.checked_sub(self.node_timeout);
+                self.start_node(node, &mut active, start, cutoff);
             }
         }
-        // Settings cap node_timeout far below what an Instant can hold.
-        let deadline = start + self.node_timeout;
+        // Before `halfway`, at least half of node_timeout is left, so a wait of half of it
+        // cannot overrun the deadline: the exact remainder (an Instant subtraction per
+        // wait) is only needed in the second half, which a healthy round never reaches.
+        // Both instants are computed at the second wait, which not every round needs.
+        let half = self.half_timeout;
+        let mut marks: Option<(Instant, Instant)> = None;
         let mut now = start;
+        let mut first = true;
         // Taken out once per round, not once per wait: the event loop borrows `self`.
         let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
         while !active.round.is_done() {
-            // The first wait starts at `start`: no need to subtract.
-            let timeout = if now == start {
+            let timeout = if std::mem::take(&mut first) {
                 self.node_timeout
-            } else if now >= deadline {
-                active.round.time_out(now);
-                break;
             } else {
-                deadline - now
+                // Settings cap node_timeout far below what an Instant can hold.
+                let (halfway, deadline) =
+                    *marks.get_or_insert_with(|| (start + half, start + self.node_timeout));
+                if now < halfway {
+                    half
+                } else if now >= deadline {
+                    active.round.time_out(now);
+                    break;
+                } else {
+                    deadline - now
+                }
             };
             now = self.poll_once(&mut events, timeout, Some(&mut active));
         }

@@ -1,0 +1,132 @@
+//! The queue of replies a connection is owed: a `Vec` read from a moving front.
+//!
+//! # Invariants
+//!
+//! - The live entries are `buf[head..]`, oldest first; `head <= buf.len()`.
+//! - The queue empties at the end of almost every round (every command answered), and
+//!   emptying resets it to the start of the buffer, so in steady state pushing, peeking
+//!   and popping are a store, a compare and an increment: no wrap-around arithmetic as
+//!   in a ring buffer.
+//! - A connection that never fully catches up (always one reply behind) would walk `head`
+//!   through an ever-growing buffer; once the dead prefix is both large and at least half
+//!   of the buffer it is dropped, so memory stays proportional to the live entries and
+//!   the copying amortises to O(1) per entry.
+
+/// Dead entries tolerated at the front before they are compacted away.
+const COMPACT_AFTER: usize = 1024;
+
+/// A FIFO of `Copy` entries.
+#[derive(Debug)]
+pub(crate) struct Fifo<T: Copy> {
+    buf: Vec<T>,
+    head: usize,
+}
+
+impl<T: Copy> Fifo<T> {
+    pub fn new() -> Fifo<T> {
+        Fifo {
+            buf: Vec::new(),
+            head: 0,
+        }
+    }
+
+    /// Number of live entries.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.buf.len() - self.head
+    }
+
+    /// The oldest entry.
+    #[inline(always)]
+    pub fn front(&self) -> Option<&T> {
+        self.buf.get(self.head)
+    }
+
+    /// Appends an entry.
+    #[inline(always)]
+    pub fn push_back(&mut self, item: T) {
+        self.buf.push(item);
+    }
+
+    /// Drops the oldest entry (no-op when empty).
+    #[inline(always)]
+    pub fn pop_front(&mut self) {
+        self.head += 1;
+        if self.head >= self.buf.len() {
+            self.clear();
+        } else if self.head >= COMPACT_AFTER && self.head * 2 >= self.buf.len() {
+            self.compact();
+        }
+    }
+
+    #[cold]
+    fn compact(&mut self) {
+        self.buf.drain(..self.head);
+        self.head = 0;
+    }
+
+    /// Drops every entry; keeps the memory.
+    #[inline]
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.head = 0;
+    }
+
+    /// The live entries, oldest first, for in-place updates.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.buf[self.head..].iter_mut()
+    }
+
+    /// Entries the buffer can hold without growing.
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    #[test]
+    fn behaves_like_a_deque_under_random_use() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut fifo = Fifo::new();
+        let mut model = VecDeque::new();
+        for i in 0..200_000u32 {
+            match rng.u8(..10) {
+                // Pushes slightly outnumber pops: the queue walks through long stretches
+                // where it never empties, which exercises compaction.
+                0..=4 => {
+                    fifo.push_back(i);
+                    model.push_back(i);
+                }
+                5..=8 => {
+                    fifo.pop_front();
+                    model.pop_front();
+                }
+                _ if rng.u8(..50) == 0 => {
+                    fifo.clear();
+                    model.clear();
+                }
+                _ => {}
+            }
+            assert_eq!(fifo.front(), model.front());
+            assert_eq!(fifo.len(), model.len());
+        }
+        let rest: Vec<u32> = fifo.iter_mut().map(|x| *x).collect();
+        assert_eq!(rest, model.iter().copied().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_queue_that_never_empties_stays_small() {
+        let mut fifo = Fifo::new();
+        fifo.push_back(0u64);
+        for i in 1..1_000_000u64 {
+            fifo.push_back(i);
+            fifo.pop_front();
+            assert_eq!(fifo.len(), 1);
+        }
+        assert!(fifo.capacity() <= 4 * COMPACT_AFTER, "{}", fifo.capacity());
+    }
+}
