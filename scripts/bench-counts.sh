@@ -9,13 +9,27 @@
 # The 5 redis-server nodes are started here, before the traced process, and passed in
 # COMPARE_PORTS: only the client is traced.
 #
-# Usage: scripts/bench-counts.sh            (N1=2000, N2=4000)
-#        N1=500 N2=1000 scripts/bench-counts.sh
+# How many waits a cycle takes depends on how replies interleave with the client's work,
+# which the scheduler decides: that is the one thing that still moves the instruction
+# count between runs. So, on a machine with 2 or more CPUs, the servers run on CPU 1 and
+# the traced client on CPU 0 (PIN=0 turns this off), and each callgrind figure is the
+# median of REPEAT pairs of runs, printed with its range.
+#
+# Usage: scripts/bench-counts.sh            (N1=2000, N2=4000, REPEAT=3)
+#        N1=500 N2=1000 REPEAT=1 scripts/bench-counts.sh
 set -euo pipefail
 
 N1=${N1:-2000}
 N2=${N2:-4000}
+REPEAT=${REPEAT:-3}
 ROWS=${ROWS:-"floor floor-quorum quorumlock"}
+PIN=${PIN:-1}
+SERVER_CPU=()
+CLIENT_CPU=()
+if [ "$PIN" = 1 ] && [ "$(nproc)" -ge 2 ] && command -v taskset >/dev/null 2>&1; then
+    SERVER_CPU=(taskset -c 1)
+    CLIENT_CPU=(taskset -c 0)
+fi
 cd "$(dirname "$0")/.."
 
 need() {
@@ -58,7 +72,7 @@ for i in 0 1 2 3 4; do
     for attempt in 1 2 3 4 5; do
         port=$(free_port)
         mkdir -p "$WORK/n$i"
-        redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+        "${SERVER_CPU[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
             --daemonize no --dir "$WORK/n$i" --logfile "$WORK/n$i/redis.log" \
             --protected-mode no >/dev/null 2>&1 &
         pid=$!
@@ -84,14 +98,14 @@ echo "nodes on ports $COMPARE_PORTS (pids ${PIDS[*]})" >&2
 # strace -c summary -> "total_calls name=calls ..." (one line)
 strace_counts() { # row n
     local out="$WORK/strace.$1.$2"
-    strace -f -c -o "$out" "$BIN" --count-mode "$1" "$2" >"$WORK/stdout.strace.$1.$2"
+    "${CLIENT_CPU[@]}" strace -f -c -o "$out" "$BIN" --count-mode "$1" "$2" >"$WORK/stdout.strace.$1.$2"
     # Lines: "% time seconds usecs/call calls [errors] syscall"; the last field is the name.
     awk '/^-/ {next} /^ *[0-9.]+ +[0-9.]+ +[0-9]+ +[0-9]+/ {print $NF, $4}' "$out"
 }
 
 callgrind_ir() { # row n
     local out="$WORK/callgrind.$1.$2"
-    valgrind --tool=callgrind --callgrind-out-file="$out" \
+    "${CLIENT_CPU[@]}" valgrind --tool=callgrind --callgrind-out-file="$out" \
         "$BIN" --count-mode "$1" "$2" >"$WORK/stdout.cg.$1.$2" 2>"$WORK/cg.log.$1.$2"
     # "summary: <Ir>" (older valgrind) or "totals: <Ir>".
     awk '/^(summary|totals):/ {print $2; exit}' "$out"
@@ -101,7 +115,7 @@ allocs_of() { # stdout file -> allocations in the measured phase
     sed -n 's/.*allocs=\([0-9]*\).*/\1/p' "$1"
 }
 
-declare -A SYS IR ALLOC BREAK
+declare -A SYS IR RANGE ALLOC BREAK
 D=$((N2 - N1))
 for row in $ROWS; do
     echo "row $row: strace N=$N1,$N2 ..." >&2
@@ -112,10 +126,15 @@ for row in $ROWS; do
     BREAK[$row]=$(awk -v d="$D" 'NR==FNR {a[$1]=$2; next} $1!="total" {
             v=($2-a[$1])/d; if (v >= 0.05) printf "%s %.2f, ", $1, v }' "$WORK/s1" "$WORK/s2" |
         sed 's/, $//')
-    echo "row $row: callgrind N=$N1,$N2 ..." >&2
-    i1=$(callgrind_ir "$row" "$N1")
-    i2=$(callgrind_ir "$row" "$N2")
-    IR[$row]=$(awk -v a="$i1" -v b="$i2" -v d="$D" 'BEGIN {printf "%.0f", (b-a)/d}')
+    per=()
+    for rep in $(seq 1 "$REPEAT"); do
+        echo "row $row: callgrind N=$N1,$N2 ($rep/$REPEAT) ..." >&2
+        i1=$(callgrind_ir "$row" "$N1")
+        i2=$(callgrind_ir "$row" "$N2")
+        per+=("$(awk -v a="$i1" -v b="$i2" -v d="$D" 'BEGIN {printf "%.0f", (b-a)/d}')")
+    done
+    IR[$row]=$(printf '%s\n' "${per[@]}" | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')
+    RANGE[$row]=$(printf '%s\n' "${per[@]}" | sort -n | awk 'NR==1 {lo=$1} {hi=$1} END {print lo "-" hi}')
     a1=$(allocs_of "$WORK/stdout.cg.$row.$N1")
     a2=$(allocs_of "$WORK/stdout.cg.$row.$N2")
     ALLOC[$row]=$(awk -v a="$a1" -v b="$a2" -v n1="$N1" -v n2="$N2" \
@@ -128,11 +147,16 @@ echo
 echo "### Per-cycle counts (acquire + release, 5 nodes; difference of N=$N1 and N=$N2 runs)"
 echo
 echo "Machine: nproc=$(nproc); $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'); $(redis-server --version | cut -d' ' -f1-3); $(strace -V | head -n1); $(valgrind --version)"
+if [ "${#CLIENT_CPU[@]}" -gt 0 ]; then
+    echo "Pinned: servers on CPU 1, traced client on CPU 0. Instructions: median of $REPEAT (range)."
+else
+    echo "Not pinned. Instructions: median of $REPEAT (range)."
+fi
 echo
 echo "| row | syscalls/cycle | vs floor | instructions/cycle (user, callgrind Ir) | vs floor | allocations/cycle |"
 echo "|---|---:|---:|---:|---:|---:|"
 for row in $ROWS; do
-    echo "| $row | ${SYS[$row]} | $(ratio "${SYS[$row]}" "${SYS[floor]}") | ${IR[$row]} | $(ratio "${IR[$row]}" "${IR[floor]}") | ${ALLOC[$row]} |"
+    echo "| $row | ${SYS[$row]} | $(ratio "${SYS[$row]}" "${SYS[floor]}") | ${IR[$row]} (${RANGE[$row]}) | $(ratio "${IR[$row]}" "${IR[floor]}") | ${ALLOC[$row]} |"
 done
 echo
 echo "Syscall breakdown per cycle (strace -c -f, only calls with >= 0.05/cycle):"

@@ -473,15 +473,21 @@ fn batch_len<R: AsRef<[u8]>>(resources: &[R]) -> usize {
     resources.len()
 }
 
+#[inline]
 fn check_resource(resource: &[u8]) -> Result<(), Error> {
     if resource.len() > MAX_RESOURCE {
-        return Err(Error::Config(ConfigError::new(
-            "resource",
-            format!("{} bytes", resource.len()),
-            format!("longer than {MAX_RESOURCE} bytes"),
-        )));
+        return Err(resource_too_long(resource.len()));
     }
     Ok(())
+}
+
+#[cold]
+fn resource_too_long(len: usize) -> Error {
+    Error::Config(ConfigError::new(
+        "resource",
+        format!("{len} bytes"),
+        format!("longer than {MAX_RESOURCE} bytes"),
+    ))
 }
 
 /// The ttl in whole milliseconds, as `PX` takes it.
