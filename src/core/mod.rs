@@ -15,6 +15,7 @@
 //! socket or sleeps, so every edge of the algorithm is an ordinary unit test. The I/O
 //! driver in `crate::driver` feeds these types and obeys their decisions.
 
+pub mod budget;
 pub mod command;
 pub mod quorum;
 pub mod round;

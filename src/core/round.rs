@@ -17,6 +17,11 @@
 //!   `Done` when none is pending.
 //! - [`Round::time_out`] turns every pending vote into `NoReply`, which decides every
 //!   slot. Nothing here reads a clock: the caller says when time is up.
+//! - A decision is stamped with the time it was taken by [`Round::stamp`], which the
+//!   caller calls with one clock reading after each batch of replies (and
+//!   [`Round::time_out`] stamps with the time it is given). A stamp is never earlier than
+//!   the replies that made the decision were read, which is the safe direction for a
+//!   lock's validity; until stamped, [`Round::decided_at`] is `None`.
 //!
 //! Changing a threshold here changes the mutual-exclusion guarantee; the tests at the
 //! bottom and `tests/sim.rs` pin them down.
@@ -125,15 +130,19 @@ struct Slot {
 /// use quorumlock::core::round::{Decision, Kind, Round};
 /// use quorumlock::Outcome;
 ///
-/// let now = Instant::now();
 /// let mut round = Round::default();
 /// round.begin(Kind::Acquire, 5, 1);
-/// round.record(0, 0, Outcome::Locked, now);
-/// round.record(3, 0, Outcome::Locked, now);
+/// round.record(0, 0, Outcome::Locked);
+/// round.record(3, 0, Outcome::Locked);
 /// assert_eq!(round.decision(0), Decision::Open);
-/// round.record(1, 0, Outcome::Locked, now);
+/// round.record(1, 0, Outcome::Locked);
 /// assert_eq!(round.decision(0), Decision::Won); // nodes 2 and 4 never needed
 /// assert!(round.is_done());
+/// // The caller reads the clock once the replies are handled, and stamps the decision.
+/// assert!(round.has_unstamped());
+/// let now = Instant::now();
+/// round.stamp(now);
+/// assert_eq!(round.decided_at(0), Some(now));
 /// ```
 #[derive(Debug, Default)]
 pub struct Round {
@@ -149,6 +158,8 @@ pub struct Round {
     /// `quorum(nodes)`, and how many nodes may fail or refuse before no quorum is left.
     quorum: u32,
     spare: u32,
+    /// Slots decided but not yet stamped with a time.
+    unstamped: Vec<u32>,
 }
 
 /// One vote, compactly; `Yes`/`No` read as `Locked`/`Held` or `Released`/`NotHeld`
@@ -187,6 +198,7 @@ impl Round {
             self.votes.resize(slots * nodes, Vote::Pending);
         }
         self.failures.clear();
+        self.unstamped.clear();
         self.open = slots;
         self.quorum = quorum(nodes) as u32;
         self.spare = nodes as u32 - self.quorum.min(nodes as u32);
@@ -258,7 +270,7 @@ impl Round {
 
     /// Records `node`'s vote for `slot`. A second vote for the same pair is ignored.
     #[inline]
-    pub fn record(&mut self, node: usize, slot: usize, outcome: Outcome, now: Instant) {
+    pub fn record(&mut self, node: usize, slot: usize, outcome: Outcome) {
         let index = slot * self.nodes + node;
         let Some(vote) = self.votes.get_mut(index) else {
             return;
@@ -283,12 +295,12 @@ impl Round {
                 Vote::Failed
             }
         };
-        self.decide(slot, now);
+        self.decide(slot);
     }
 
     /// Records a yes or no vote: the hot-path form of [`Round::record`].
     #[inline]
-    pub fn tally(&mut self, node: usize, slot: usize, yes: bool, now: Instant) {
+    pub fn tally(&mut self, node: usize, slot: usize, yes: bool) {
         let index = slot * self.nodes + node;
         match self.votes.get_mut(index) {
             Some(vote @ Vote::Pending) if node < self.nodes => {
@@ -301,34 +313,54 @@ impl Round {
                     t.no += 1;
                     *vote = Vote::No;
                 }
-                self.decide(slot, now);
+                self.decide(slot);
             }
             _ => {}
         }
     }
 
     /// Records a failure of `node` for every slot it still owes a vote.
-    pub fn fail_node(&mut self, node: usize, error: &NodeError, now: Instant) {
+    pub fn fail_node(&mut self, node: usize, error: &NodeError) {
         for slot in 0..self.slots.len() {
             if self.is_pending(node, slot) {
-                self.record(node, slot, Outcome::Failed(error.clone()), now);
+                self.record(node, slot, Outcome::Failed(error.clone()));
             }
         }
     }
 
-    /// Time is up: every pending vote becomes `NoReply`, which decides every slot.
+    /// Time is up at `now`: every pending vote becomes `NoReply`, which decides every
+    /// slot, and every decision not stamped yet is stamped `now`.
     pub fn time_out(&mut self, now: Instant) {
         for slot in 0..self.slots.len() {
             for node in 0..self.nodes {
                 if self.is_pending(node, slot) {
-                    self.record(node, slot, Outcome::NoReply, now);
+                    self.record(node, slot, Outcome::NoReply);
                 }
             }
         }
+        self.stamp(now);
+    }
+
+    /// True when some slot was decided since the last [`Round::stamp`].
+    #[inline]
+    pub fn has_unstamped(&self) -> bool {
+        !self.unstamped.is_empty()
+    }
+
+    /// Stamps every decision taken since the last stamp with `now`: the caller reads the
+    /// clock after handling a batch of replies, not before, so the stamp is never earlier
+    /// than the decision.
+    pub fn stamp(&mut self, now: Instant) {
+        for &slot in &self.unstamped {
+            if let Some(s) = self.slots.get_mut(slot as usize) {
+                s.decided_at = Some(now);
+            }
+        }
+        self.unstamped.clear();
     }
 
     #[inline]
-    fn decide(&mut self, slot: usize, now: Instant) {
+    fn decide(&mut self, slot: usize) {
         let (q, spare) = (self.quorum, self.spare);
         let s = &mut self.slots[slot];
         if s.decision != Decision::Open {
@@ -343,7 +375,7 @@ impl Round {
             _ if t.no + t.failed > spare => Decision::Unavailable,
             _ => return,
         };
-        s.decided_at = Some(now);
+        self.unstamped.push(slot as u32);
         self.open -= 1;
     }
 }
@@ -360,44 +392,44 @@ mod tests {
 
     #[test]
     fn acquire_wins_at_quorum_without_the_slow_minority() {
-        let (mut r, t) = round(Kind::Acquire, 5);
-        r.record(4, 0, Outcome::Locked, t);
-        r.record(2, 0, Outcome::Held, t);
-        r.record(0, 0, Outcome::Locked, t);
+        let (mut r, _) = round(Kind::Acquire, 5);
+        r.record(4, 0, Outcome::Locked);
+        r.record(2, 0, Outcome::Held);
+        r.record(0, 0, Outcome::Locked);
         assert_eq!(r.decision(0), Decision::Open);
-        r.record(1, 0, Outcome::Locked, t);
+        r.record(1, 0, Outcome::Locked);
         assert_eq!(r.decision(0), Decision::Won);
         assert!(r.is_done());
     }
 
     #[test]
     fn acquire_is_taken_once_others_hold_a_blocking_minority() {
-        let (mut r, t) = round(Kind::Acquire, 5);
-        r.record(0, 0, Outcome::Held, t);
-        r.record(1, 0, Outcome::Held, t);
+        let (mut r, _) = round(Kind::Acquire, 5);
+        r.record(0, 0, Outcome::Held);
+        r.record(1, 0, Outcome::Held);
         assert_eq!(r.decision(0), Decision::Open);
-        r.record(2, 0, Outcome::Held, t);
+        r.record(2, 0, Outcome::Held);
         assert_eq!(r.decision(0), Decision::Taken);
     }
 
     #[test]
     fn acquire_is_unavailable_when_failures_rule_out_quorum() {
-        let (mut r, t) = round(Kind::Acquire, 5);
-        r.fail_node(0, &NodeError::Closed, t);
-        r.record(1, 0, Outcome::Held, t);
+        let (mut r, _) = round(Kind::Acquire, 5);
+        r.fail_node(0, &NodeError::Closed);
+        r.record(1, 0, Outcome::Held);
         assert_eq!(r.decision(0), Decision::Open);
-        r.record(2, 0, Outcome::NoReply, t);
+        r.record(2, 0, Outcome::NoReply);
         assert_eq!(r.decision(0), Decision::Unavailable);
     }
 
     #[test]
     fn a_late_vote_never_changes_a_decision() {
-        let (mut r, t) = round(Kind::Acquire, 3);
-        r.record(0, 0, Outcome::Held, t);
-        r.record(1, 0, Outcome::Held, t);
+        let (mut r, _) = round(Kind::Acquire, 3);
+        r.record(0, 0, Outcome::Held);
+        r.record(1, 0, Outcome::Held);
         assert_eq!(r.decision(0), Decision::Taken);
-        r.record(2, 0, Outcome::Locked, t);
-        r.record(0, 0, Outcome::Locked, t);
+        r.record(2, 0, Outcome::Locked);
+        r.record(0, 0, Outcome::Locked);
         assert_eq!(r.decision(0), Decision::Taken);
         assert_eq!(r.yes(0), 1);
     }
@@ -405,8 +437,8 @@ mod tests {
     #[test]
     fn release_waits_for_every_node_and_counts_deletions() {
         let (mut r, t) = round(Kind::Release, 3);
-        r.record(0, 0, Outcome::Released, t);
-        r.record(1, 0, Outcome::NotHeld, t);
+        r.record(0, 0, Outcome::Released);
+        r.record(1, 0, Outcome::NotHeld);
         assert_eq!(r.decision(0), Decision::Open);
         r.time_out(t);
         assert_eq!(r.decision(0), Decision::Done);
@@ -424,10 +456,10 @@ mod tests {
         r.begin(Kind::Acquire, 5, 3);
         let t = Instant::now();
         for node in 0..3 {
-            r.record(node, 0, Outcome::Locked, t);
-            r.record(node, 1, Outcome::Held, t);
+            r.record(node, 0, Outcome::Locked);
+            r.record(node, 1, Outcome::Held);
         }
-        r.record(0, 2, Outcome::Locked, t);
+        r.record(0, 2, Outcome::Locked);
         assert_eq!(
             (r.decision(0), r.decision(1), r.decision(2)),
             (Decision::Won, Decision::Taken, Decision::Open)
@@ -448,7 +480,7 @@ mod tests {
             Outcome::Failed(NodeError::Closed),
         ];
         for code in 0..4usize.pow(5) {
-            let (mut r, t) = round(Kind::Acquire, 5);
+            let (mut r, _) = round(Kind::Acquire, 5);
             let mut c = code;
             let (mut yes, mut no) = (0, 0);
             for node in 0..5 {
@@ -456,7 +488,7 @@ mod tests {
                 c /= 4;
                 yes += usize::from(o == Outcome::Locked);
                 no += usize::from(o == Outcome::Held);
-                r.record(node, 0, o, t);
+                r.record(node, 0, o);
             }
             let d = r.decision(0);
             assert_eq!(d == Decision::Won, yes >= 3, "votes {code:#x}");
@@ -496,15 +528,47 @@ mod tests {
     }
 
     #[test]
+    fn decisions_are_stamped_by_the_caller_and_time_out_stamps_its_own() {
+        let (mut r, t) = round(Kind::Acquire, 3);
+        r.tally(0, 0, true);
+        r.tally(1, 0, true);
+        assert_eq!(r.decision(0), Decision::Won);
+        assert_eq!(
+            r.decided_at(0),
+            None,
+            "not stamped before the caller reads the clock"
+        );
+        assert!(r.has_unstamped());
+        let later = t + std::time::Duration::from_millis(5);
+        r.stamp(later);
+        assert_eq!(r.decided_at(0), Some(later));
+        assert!(!r.has_unstamped());
+        // A later stamp does not move an earlier decision.
+        r.stamp(later + std::time::Duration::from_secs(1));
+        assert_eq!(r.decided_at(0), Some(later));
+
+        let (mut r, t) = round(Kind::Acquire, 3);
+        r.tally(0, 0, true);
+        r.time_out(t);
+        assert_eq!(r.decision(0), Decision::Unavailable);
+        assert_eq!(r.decided_at(0), Some(t));
+        // A fresh round forgets stamps it was never given.
+        r.begin(Kind::Acquire, 3, 1);
+        r.tally(0, 0, false);
+        r.tally(1, 0, false);
+        assert!(r.has_unstamped());
+        assert_eq!(r.decided_at(0), None);
+    }
+
+    #[test]
     fn tally_and_record_agree() {
-        let t = Instant::now();
         let (mut a, _) = round(Kind::Release, 3);
         let (mut b, _) = round(Kind::Release, 3);
-        a.tally(0, 0, true, t);
-        a.tally(1, 0, false, t);
-        a.tally(1, 0, true, t); // second vote ignored
-        b.record(0, 0, Outcome::Released, t);
-        b.record(1, 0, Outcome::NotHeld, t);
+        a.tally(0, 0, true);
+        a.tally(1, 0, false);
+        a.tally(1, 0, true); // second vote ignored
+        b.record(0, 0, Outcome::Released);
+        b.record(1, 0, Outcome::NotHeld);
         assert_eq!(
             a.outcomes(0).collect::<Vec<_>>(),
             b.outcomes(0).collect::<Vec<_>>()

@@ -7,10 +7,16 @@
 //! `Poll` and feeds each reply to the [`Round`], returning the moment the round has
 //! decided every slot or `node_timeout` has passed.
 //!
+//! The hot path (a reply on a ready connection, a command to a ready connection) reads
+//! no clock: waits are sized by a [`WaitBudget`] that reads it only every few waits, and
+//! decisions are stamped with one reading after the batch of replies that made them.
+//! Cold paths (failures, reconnects) read the clock themselves.
+//!
 //! # Invariants
 //!
-//! - A round never outlives `node_timeout`; connecting, reconnecting and handshakes
-//!   never block: a node that is not ready just votes "failed".
+//! - A round never outlives `node_timeout` (give or take the microseconds spent handling
+//!   replies between two clock readings, see `core::budget`); connecting, reconnecting
+//!   and handshakes never block: a node that is not ready just votes "failed".
 //! - Replies are matched through each connection's FIFO of expected replies, tagged with
 //!   the round they belong to; replies of earlier rounds are read and discarded, never
 //!   counted in a later one.
@@ -30,6 +36,7 @@ pub(crate) mod conn;
 mod fifo;
 
 use crate::config::Settings;
+use crate::core::budget::WaitBudget;
 use crate::core::command::{self, Cmd, Frame};
 use crate::core::round::{Kind, Reaction, Round, interpret};
 use crate::core::token::Token;
@@ -75,9 +82,6 @@ pub(crate) struct Driver {
     /// Round ids start at 1; 0 tags replies that no round waits for.
     round_id: u64,
     node_timeout: Duration,
-    /// Half of it: the longest wait that cannot overrun a round's deadline before
-    /// halfway.
-    half_timeout: Duration,
     /// A node lagging this long has its connection reset: a stream that lost bytes (a
     /// broken middlebox) would never catch up, and a new connection starts in step.
     stale_after: Duration,
@@ -105,7 +109,6 @@ impl Driver {
             extra: Vec::with_capacity(512),
             round_id: 0,
             node_timeout: settings.node_timeout,
-            half_timeout: settings.node_timeout / 2,
             stale_after: settings
                 .node_timeout
                 .saturating_mul(20)
@@ -138,9 +141,9 @@ impl Driver {
             // which would otherwise be taken for the answer to this command. One
             // non-blocking epoll_wait; a release, whose count is all it reports, skips it.
             let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
-            let now = self.poll_once(&mut events, Duration::ZERO, None);
+            self.poll_once(&mut events, Duration::ZERO, None);
             self.events = events;
-            now
+            Instant::now()
         };
         self.round_id += 1;
         round.begin(req.kind, self.conns.len(), req.items.len());
@@ -175,40 +178,41 @@ impl Driver {
                     expect,
                     req.items.len(),
                 ) {
-                    self.fail_conn(node, e, Some(&mut active), start);
+                    self.fail_conn(node, e, Some(&mut active));
                 }
             } else {
                 let cutoff = start.checked_sub(self.node_timeout);
                 self.start_node(node, &mut active, start, cutoff);
             }
         }
-        // Before `halfway`, at least half of node_timeout is left, so a wait of half of it
-        // cannot overrun the deadline: the exact remainder (an Instant subtraction per
-        // wait) is only needed in the second half, which a healthy round never reaches.
-        // Both instants are computed at the second wait, which not every round needs.
-        let half = self.half_timeout;
-        let mut marks: Option<(Instant, Instant)> = None;
-        let mut now = start;
-        let mut first = true;
+        // Waits come from a budget that reads the clock only every few waits (see
+        // `core::budget`); the clock is otherwise read only to stamp a decision, once per
+        // batch of replies that made one.
+        let mut budget = WaitBudget::new(start, self.node_timeout);
         // Taken out once per round, not once per wait: the event loop borrows `self`.
         let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
         while !active.round.is_done() {
-            let timeout = if std::mem::take(&mut first) {
-                self.node_timeout
-            } else {
-                // Settings cap node_timeout far below what an Instant can hold.
-                let (halfway, deadline) =
-                    *marks.get_or_insert_with(|| (start + half, start + self.node_timeout));
-                if now < halfway {
-                    half
-                } else if now >= deadline {
-                    active.round.time_out(now);
-                    break;
-                } else {
-                    deadline - now
+            let timeout = match budget.next_wait() {
+                Some(wait) => wait,
+                None => {
+                    let now = Instant::now();
+                    match budget.resync(now) {
+                        Some(wait) => wait,
+                        None => {
+                            active.round.time_out(now);
+                            break;
+                        }
+                    }
                 }
             };
-            now = self.poll_once(&mut events, timeout, Some(&mut active));
+            self.poll_once(&mut events, timeout, Some(&mut active));
+            if active.round.has_unstamped() {
+                active.round.stamp(Instant::now());
+            }
+        }
+        // Decided before any wait (every node down, say): stamp those too.
+        if active.round.has_unstamped() {
+            active.round.stamp(Instant::now());
         }
         self.events = events;
         start
@@ -230,7 +234,7 @@ impl Driver {
             // The caller may simply not have polled for a while (it was busy in its
             // critical section) while the replies sit unread in the socket: read them
             // before calling the node lagging.
-            self.on_event(node, true, false, None, now);
+            self.on_event(node, true, false, None);
             if self.conns[node].is_lagging(now.checked_sub(self.stale_after)) {
                 let conn = &mut self.conns[node];
                 conn.fail(
@@ -252,14 +256,14 @@ impl Driver {
             );
         }
         if conn.state == State::Down {
-            active.round.fail_node(node, &conn.down_error(), now);
+            active.round.fail_node(node, &conn.down_error());
             return;
         }
         if conn.suspect || conn.is_lagging(lag_cutoff) {
             // Nothing new is queued for a node that does not read: its backlog would only
             // grow. A lock command still queued there may apply when it wakes up; that key
             // then holds only that node, for at most the ttl, under a token nobody reuses.
-            active.round.fail_node(node, &NodeError::Lagging, now);
+            active.round.fail_node(node, &NodeError::Lagging);
             return;
         }
         conn.may_resend = true;
@@ -275,20 +279,20 @@ impl Driver {
             expect,
             active.req.items.len(),
         ) {
-            self.fail_conn(node, e, Some(active), now);
+            self.fail_conn(node, e, Some(active));
         }
     }
 
-    /// Waits for events at most `timeout` and handles them; returns the time after the wait.
+    /// Waits for events at most `timeout` and handles them. Reads no clock: the hot path
+    /// does not need one, and the cold paths read it themselves.
     #[inline(always)]
     fn poll_once(
         &mut self,
         events: &mut Events,
         timeout: Duration,
         mut active: Option<&mut Active<'_>>,
-    ) -> Instant {
+    ) {
         let polled = self.poll.poll(events, Some(timeout));
-        let now = Instant::now();
         if polled.is_ok() {
             for ev in events.iter() {
                 let node = ev.token().0;
@@ -300,20 +304,19 @@ impl Driver {
                         if conn.state == State::Ready && !conn.has_unsent() {
                             let active = active.as_deref_mut();
                             match conn.read_fast() {
-                                ReadFast::Drained => self.dispatch_fresh(node, active, now),
-                                ReadFast::Closed => self.dispatch_then_close(node, active, now),
-                                ReadFast::Failed(e) => self.fail_conn(node, e.into(), active, now),
-                                ReadFast::Slow => self.on_event(node, true, false, active, now),
+                                ReadFast::Drained => self.dispatch_fresh(node, active),
+                                ReadFast::Closed => self.dispatch_then_close(node, active),
+                                ReadFast::Failed(e) => self.fail_conn(node, e.into(), active),
+                                ReadFast::Slow => self.on_event(node, true, false, active),
                             }
                             continue;
                         }
                     }
                 }
-                self.on_event(node, readable, closed, active.as_deref_mut(), now);
+                self.on_event(node, readable, closed, active.as_deref_mut());
             }
         }
-        // An interrupted or failed wait just loops again; the round's deadline bounds it.
-        now
+        // An interrupted or failed wait just loops again; the round's budget bounds it.
     }
 
     #[cold]
@@ -323,7 +326,6 @@ impl Driver {
         readable: bool,
         closed: bool,
         active: Option<&mut Active<'_>>,
-        now: Instant,
     ) {
         let Some(conn) = self.conns.get_mut(node) else {
             return;
@@ -332,49 +334,44 @@ impl Driver {
             return; // an event for a socket already dropped
         }
         if conn.state == State::Connecting {
-            match conn.finish_connect(now) {
+            match conn.finish_connect(Instant::now()) {
                 Ok(true) => {}
                 Ok(false) => return,
-                Err(e) => return self.fail_conn(node, e, active, now),
+                Err(e) => return self.fail_conn(node, e, active),
             }
         }
         if conn.has_unsent() {
             if let Err(e) = conn.flush() {
-                return self.fail_conn(node, e, active, now);
+                return self.fail_conn(node, e, active);
             }
         }
         if !readable {
             return;
         }
         match conn.read(&self.limits, closed) {
-            Ok(false) => self.dispatch(node, active, now),
-            Ok(true) => self.dispatch_then_close(node, active, now),
-            Err(e) => self.fail_conn(node, e, active, now),
+            Ok(false) => self.dispatch(node, active),
+            Ok(true) => self.dispatch_then_close(node, active),
+            Err(e) => self.fail_conn(node, e, active),
         }
     }
 
     /// Dispatches what was read before the peer closed, then drops the connection.
     #[cold]
-    fn dispatch_then_close(
-        &mut self,
-        node: usize,
-        mut active: Option<&mut Active<'_>>,
-        now: Instant,
-    ) {
+    fn dispatch_then_close(&mut self, node: usize, mut active: Option<&mut Active<'_>>) {
         let generation = self.conns[node].generation;
-        self.dispatch(node, active.as_deref_mut(), now);
+        self.dispatch(node, active.as_deref_mut());
         // Only the connection that was read can be declared closed: dispatch may have
         // replaced it (a resend after a failure) with a fresh one.
         let conn = &self.conns[node];
         if conn.state != State::Down && conn.generation == generation {
-            self.fail_conn(node, NodeError::Closed, active, now);
+            self.fail_conn(node, NodeError::Closed, active);
         }
     }
 
     /// [`Driver::dispatch`] right after a read on a ready connection: the common votes
     /// are taken here, with nothing else in the way; the rest goes the general way.
     #[inline(always)]
-    fn dispatch_fresh(&mut self, node: usize, mut active: Option<&mut Active<'_>>, now: Instant) {
+    fn dispatch_fresh(&mut self, node: usize, mut active: Option<&mut Active<'_>>) {
         let round_id = self.round_id;
         let Some(conn) = self.conns.get_mut(node) else {
             return;
@@ -385,7 +382,7 @@ impl Driver {
                 // an earlier round is read and dropped.
                 if round == round_id {
                     if let Some(a) = active.as_deref_mut() {
-                        a.round.tally(node, slot as usize, yes, now);
+                        a.round.tally(node, slot as usize, yes);
                     }
                 }
                 if !conn.has_input() {
@@ -393,12 +390,12 @@ impl Driver {
                 }
             }
         }
-        self.dispatch(node, active, now);
+        self.dispatch(node, active);
     }
 
     /// Feeds every complete reply in `node`'s inbox to whoever waits for it.
     #[inline]
-    fn dispatch(&mut self, node: usize, mut active: Option<&mut Active<'_>>, now: Instant) {
+    fn dispatch(&mut self, node: usize, mut active: Option<&mut Active<'_>>) {
         loop {
             let conn = &mut self.conns[node];
             if conn.state != State::Ready || !conn.has_input() {
@@ -411,7 +408,7 @@ impl Driver {
                     // reply of an earlier round is read and dropped.
                     if round == self.round_id {
                         if let Some(a) = active.as_deref_mut() {
-                            a.round.tally(node, slot as usize, yes, now);
+                            a.round.tally(node, slot as usize, yes);
                         }
                     }
                     if more {
@@ -420,7 +417,7 @@ impl Driver {
                     return;
                 }
             }
-            if !self.dispatch_one(node, active.as_deref_mut(), now) {
+            if !self.dispatch_one(node, active.as_deref_mut()) {
                 return;
             }
         }
@@ -429,24 +426,19 @@ impl Driver {
     /// Handles the next reply in `node`'s inbox in full generality; false when there is
     /// none (or the connection failed).
     #[cold]
-    fn dispatch_one(
-        &mut self,
-        node: usize,
-        mut active: Option<&mut Active<'_>>,
-        now: Instant,
-    ) -> bool {
+    fn dispatch_one(&mut self, node: usize, mut active: Option<&mut Active<'_>>) -> bool {
         let conn = &mut self.conns[node];
         let (reply, used) = match conn.peek(&self.limits) {
             Ok(None) => return false,
             Ok(Some(parsed)) => parsed,
             Err(e) => {
-                self.fail_conn(node, NodeError::Protocol(e), active, now);
+                self.fail_conn(node, NodeError::Protocol(e), active);
                 return false;
             }
         };
         let Some(expect) = conn.pending.front().copied() else {
             let e = NodeError::UnexpectedReply("a reply nobody asked for");
-            self.fail_conn(node, e, active, now);
+            self.fail_conn(node, e, active);
             return false;
         };
         let slot = expect.slot as usize;
@@ -468,16 +460,16 @@ impl Driver {
             },
             Expected::Command(kind) => match (interpret(kind, &reply), round) {
                 (Reaction::Yes, Some(r)) => {
-                    r.tally(node, slot, true, now);
+                    r.tally(node, slot, true);
                     Step::Next
                 }
                 (Reaction::No, Some(r)) => {
-                    r.tally(node, slot, false, now);
+                    r.tally(node, slot, false);
                     Step::Next
                 }
                 (Reaction::Refused(msg), Some(r)) => {
                     let e = NodeError::Server(lossy(msg));
-                    r.record(node, slot, Outcome::Failed(e), now);
+                    r.record(node, slot, Outcome::Failed(e));
                     Step::Next
                 }
                 (Reaction::NoScript, Some(_)) => Step::NoScript,
@@ -485,7 +477,7 @@ impl Driver {
                 (Reaction::Desync(what), round) => {
                     let e = NodeError::UnexpectedReply(what);
                     if let Some(r) = round {
-                        r.record(node, slot, Outcome::Failed(e.clone()), now);
+                        r.record(node, slot, Outcome::Failed(e.clone()));
                     }
                     Step::Fail(e)
                 }
@@ -497,7 +489,7 @@ impl Driver {
         match step {
             Step::Next => {}
             Step::Fail(e) => {
-                self.fail_conn(node, e, active, now);
+                self.fail_conn(node, e, active);
                 return false;
             }
             Step::LateNoScript => {
@@ -514,7 +506,7 @@ impl Driver {
                     return true;
                 }
                 if let Err(e) = self.conns[node].send(&self.extra, expect, 1) {
-                    self.fail_conn(node, e, active, now);
+                    self.fail_conn(node, e, active);
                     return false;
                 }
             }
@@ -530,7 +522,7 @@ impl Driver {
                 self.extra.clear();
                 encode(&mut self.extra, a.req.kind, item, a.req.ttl_ms, false);
                 if let Err(e) = self.conns[node].send(&self.extra, expect, 1) {
-                    self.fail_conn(node, e, active, now);
+                    self.fail_conn(node, e, active);
                     return false;
                 }
             }
@@ -542,13 +534,9 @@ impl Driver {
     /// and the command resent once; otherwise the node's open votes fail. A resent lock
     /// command that the old connection had in fact delivered meets our own key and counts
     /// as "held": the safe direction.
-    fn fail_conn(
-        &mut self,
-        node: usize,
-        error: NodeError,
-        active: Option<&mut Active<'_>>,
-        now: Instant,
-    ) {
+    #[cold]
+    fn fail_conn(&mut self, node: usize, error: NodeError, active: Option<&mut Active<'_>>) {
+        let now = Instant::now();
         // Closed or reset: most likely the server dropped a connection we had not used
         // for a while (timeout, CLIENT KILL, restart). Anything else is the node's fault.
         let stale = matches!(error, NodeError::Closed | NodeError::Io(..));
@@ -586,7 +574,7 @@ impl Driver {
                 );
             }
         }
-        active.round.fail_node(node, &error, now);
+        active.round.fail_node(node, &error);
     }
 
     /// Waits until `until`, reading (and discarding) late replies meanwhile.

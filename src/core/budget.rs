@@ -1,0 +1,177 @@
+//! How long a round may wait next, reading the clock as rarely as possible.
+//!
+//! A round must not outlive `node_timeout`. The obvious way, reading the clock after every
+//! wait and waiting at most the remainder, costs a clock read and a subtraction per wait,
+//! and a healthy round is little more than its waits. Instead, a round waits in slices of
+//! `node_timeout / 8` (whole milliseconds, as `epoll_wait` takes them), and counts each
+//! slice as if it had been waited in full: without reading the clock, the slices handed
+//! out can never add up to more than `node_timeout`. When the budget cannot cover another
+//! slice, the clock is read and the budget reset to what is really left.
+//!
+//! # Invariants
+//!
+//! - The waits handed out since the last clock reading, each counted as its full length
+//!   rounded up to a whole millisecond, never exceed what was left at that reading.
+//! - [`WaitBudget::resync`] returns `None` exactly when the round's time is up.
+//! - The time spent between waits (handling replies, microseconds) is not counted until
+//!   the next clock reading; at most eight slices pass between two readings.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use quorumlock::core::budget::WaitBudget;
+//!
+//! let start = Instant::now();
+//! let mut budget = WaitBudget::new(start, Duration::from_millis(80));
+//! // Eight waits of 10 ms fit in 80 ms without looking at the clock...
+//! for _ in 0..8 {
+//!     assert_eq!(budget.next_wait(), Some(Duration::from_millis(10)));
+//! }
+//! // ...then the clock decides: 75 ms gone leaves one wait of 5 ms.
+//! assert_eq!(budget.next_wait(), None);
+//! assert_eq!(budget.resync(start + Duration::from_millis(75)), Some(Duration::from_millis(5)));
+//! assert_eq!(budget.resync(start + Duration::from_millis(80)), None);
+//! ```
+
+use std::time::{Duration, Instant};
+
+/// Slices per `node_timeout`.
+const SLICES: u64 = 8;
+
+/// The waits left to a round that started at `start` and may last `timeout`.
+#[derive(Clone, Copy, Debug)]
+pub struct WaitBudget {
+    start: Instant,
+    timeout: Duration,
+    slice: Duration,
+    slice_ms: u64,
+    /// Whole milliseconds that may still be handed out without reading the clock.
+    left_ms: u64,
+}
+
+impl WaitBudget {
+    /// A budget of `timeout` from `start`.
+    #[inline]
+    pub fn new(start: Instant, timeout: Duration) -> WaitBudget {
+        let total_ms = floor_ms(timeout);
+        let slice_ms = (total_ms / SLICES).max(1);
+        WaitBudget {
+            start,
+            timeout,
+            slice: Duration::from_millis(slice_ms),
+            slice_ms,
+            left_ms: total_ms,
+        }
+    }
+
+    /// The next wait, if the budget covers it without reading the clock.
+    #[inline]
+    pub fn next_wait(&mut self) -> Option<Duration> {
+        if self.left_ms >= self.slice_ms {
+            self.left_ms -= self.slice_ms;
+            Some(self.slice)
+        } else {
+            None
+        }
+    }
+
+    /// With the clock read at `now`: the next wait, or `None` when the time is up.
+    pub fn resync(&mut self, now: Instant) -> Option<Duration> {
+        let elapsed = now.saturating_duration_since(self.start);
+        let left = self.timeout.checked_sub(elapsed).filter(|d| !d.is_zero())?;
+        let left_ms = floor_ms(left);
+        let wait = if left_ms >= self.slice_ms {
+            self.slice
+        } else {
+            left
+        };
+        self.left_ms = left_ms.saturating_sub(ceil_ms(wait));
+        Some(wait)
+    }
+}
+
+fn floor_ms(d: Duration) -> u64 {
+    d.as_secs()
+        .saturating_mul(1000)
+        .saturating_add(u64::from(d.subsec_millis()))
+}
+
+fn ceil_ms(d: Duration) -> u64 {
+    floor_ms(d) + u64::from(d.subsec_nanos() % 1_000_000 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits handed out between clock readings, rounded up as `epoll_wait` rounds them,
+    /// never add up past the deadline; and the budget ends exactly at the deadline.
+    #[test]
+    fn waits_never_add_up_past_the_deadline() {
+        for timeout_us in [
+            1,
+            999,
+            1_000,
+            1_001,
+            7_500,
+            50_000,
+            50_300,
+            1_000_000,
+            3_600_000_000,
+        ] {
+            let timeout = Duration::from_micros(timeout_us);
+            let start = Instant::now();
+            let mut budget = WaitBudget::new(start, timeout);
+            // Worst case: every wait runs to its full (rounded-up) length.
+            let mut clock = start;
+            let mut readings = 0;
+            loop {
+                let wait = match budget.next_wait() {
+                    Some(w) => w,
+                    None => {
+                        readings += 1;
+                        match budget.resync(clock) {
+                            Some(w) => w,
+                            None => break,
+                        }
+                    }
+                };
+                assert!(!wait.is_zero());
+                clock += Duration::from_millis(ceil_ms(wait));
+                assert!(readings < 10_000, "{timeout:?} never ends");
+            }
+            let over = clock.duration_since(start).saturating_sub(timeout);
+            // Only the last wait, shorter than a millisecond, may be rounded up past it.
+            assert!(
+                over < Duration::from_millis(1),
+                "{timeout:?} overran by {over:?}"
+            );
+            assert!(clock.duration_since(start) >= timeout);
+        }
+    }
+
+    #[test]
+    fn early_replies_cost_no_clock_reading_for_eight_waits() {
+        let start = Instant::now();
+        let mut budget = WaitBudget::new(start, Duration::from_millis(50));
+        for _ in 0..8 {
+            assert_eq!(budget.next_wait(), Some(Duration::from_millis(6)));
+        }
+        assert_eq!(budget.next_wait(), None);
+        // The waits really ended early: the clock shows plenty left, the budget refills.
+        let wait = budget.resync(start + Duration::from_micros(300));
+        assert_eq!(wait, Some(Duration::from_millis(6)));
+        assert_eq!(budget.next_wait(), Some(Duration::from_millis(6)));
+    }
+
+    #[test]
+    fn a_clock_before_the_start_counts_as_no_time_gone() {
+        let start = Instant::now() + Duration::from_secs(1);
+        let mut budget = WaitBudget::new(start, Duration::from_millis(10));
+        assert_eq!(
+            budget.resync(Instant::now()),
+            Some(Duration::from_millis(1))
+        );
+    }
+}
