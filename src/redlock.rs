@@ -166,7 +166,9 @@ impl Redlock {
         if self.round.decision(slot) != Decision::Won {
             return None;
         }
-        let decided = self.round.decided_at(slot).unwrap_or(start);
+        // Every decision is stamped before `run` returns; were one not, "now" is the
+        // safe reading (the latest the decision can have been), `start` would not be.
+        let decided = self.round.decided_at(slot).unwrap_or_else(Instant::now);
         let end = start.checked_add(safe?)?;
         (decided < end).then_some(end)
     }
@@ -230,7 +232,7 @@ impl Redlock {
         };
         let start = self.driver.run(&mut self.round, &req);
         let new_deadline = deadline(start, ttl, self.settings.drift_factor);
-        let decided = self.round.decided_at(0).unwrap_or(start);
+        let decided = self.round.decided_at(0).unwrap_or_else(Instant::now);
         let result = match self.round.decision(0) {
             Decision::Won if decided < lock.deadline() => match new_deadline {
                 Some(end) if decided < end => Ok(end),

@@ -3,10 +3,13 @@
 //! A round must not outlive `node_timeout`. The obvious way, reading the clock after every
 //! wait and waiting at most the remainder, costs a clock read and a subtraction per wait,
 //! and a healthy round is little more than its waits. Instead, a round waits in slices of
-//! `node_timeout / 8` (whole milliseconds, as `epoll_wait` takes them), and counts each
-//! slice as if it had been waited in full: without reading the clock, the slices handed
-//! out can never add up to more than `node_timeout`. When the budget cannot cover another
-//! slice, the clock is read and the budget reset to what is really left.
+//! `node_timeout / 8` (rounded up to whole milliseconds, as `epoll_wait` takes them), and
+//! counts each slice as if it had been waited in full: without reading the clock, the
+//! slices handed out can never add up to more than `node_timeout`. When the budget cannot
+//! cover another slice, the clock is read and the budget reset to what is really left.
+//! A wait that ends with no event at all may have overslept (timer slack, a busy
+//! machine), so the caller then [`WaitBudget::expire`]s the budget and the next wait is
+//! sized by the clock: late wakeups cannot pile up.
 //!
 //! # Invariants
 //!
@@ -14,7 +17,8 @@
 //!   rounded up to a whole millisecond, never exceed what was left at that reading.
 //! - [`WaitBudget::resync`] returns `None` exactly when the round's time is up.
 //! - The time spent between waits (handling replies, microseconds) is not counted until
-//!   the next clock reading; at most eight slices pass between two readings.
+//!   the next clock reading; at most eight slices pass between two readings, and only
+//!   slices that were cut short by events.
 //!
 //! # Example
 //!
@@ -55,7 +59,7 @@ impl WaitBudget {
     #[inline]
     pub fn new(start: Instant, timeout: Duration) -> WaitBudget {
         let total_ms = floor_ms(timeout);
-        let slice_ms = (total_ms / SLICES).max(1);
+        let slice_ms = total_ms.div_ceil(SLICES).max(1);
         WaitBudget {
             start,
             timeout,
@@ -74,6 +78,13 @@ impl WaitBudget {
         } else {
             None
         }
+    }
+
+    /// Forgets what is left without a clock reading, so that the next wait is sized by
+    /// the clock: for a wait that may have run late.
+    #[inline]
+    pub fn expire(&mut self) {
+        self.left_ms = 0;
     }
 
     /// With the clock read at `now`: the next wait, or `None` when the time is up.
@@ -152,17 +163,32 @@ mod tests {
     }
 
     #[test]
-    fn early_replies_cost_no_clock_reading_for_eight_waits() {
+    fn early_replies_cost_no_clock_reading_for_up_to_eight_waits() {
         let start = Instant::now();
         let mut budget = WaitBudget::new(start, Duration::from_millis(50));
-        for _ in 0..8 {
-            assert_eq!(budget.next_wait(), Some(Duration::from_millis(6)));
+        for _ in 0..7 {
+            assert_eq!(budget.next_wait(), Some(Duration::from_millis(7)));
         }
         assert_eq!(budget.next_wait(), None);
         // The waits really ended early: the clock shows plenty left, the budget refills.
         let wait = budget.resync(start + Duration::from_micros(300));
-        assert_eq!(wait, Some(Duration::from_millis(6)));
-        assert_eq!(budget.next_wait(), Some(Duration::from_millis(6)));
+        assert_eq!(wait, Some(Duration::from_millis(7)));
+        assert_eq!(budget.next_wait(), Some(Duration::from_millis(7)));
+        // A wait that may have overslept hands the next one to the clock.
+        budget.expire();
+        assert_eq!(budget.next_wait(), None);
+    }
+
+    #[test]
+    fn never_more_than_eight_slices_between_readings() {
+        for ms in 0..2_000u64 {
+            let mut budget = WaitBudget::new(Instant::now(), Duration::from_millis(ms));
+            let mut n = 0;
+            while budget.next_wait().is_some() {
+                n += 1;
+            }
+            assert!(n <= 8, "{ms} ms: {n} slices");
+        }
     }
 
     #[test]
@@ -171,7 +197,7 @@ mod tests {
         let mut budget = WaitBudget::new(start, Duration::from_millis(10));
         assert_eq!(
             budget.resync(Instant::now()),
-            Some(Duration::from_millis(1))
+            Some(Duration::from_millis(2))
         );
     }
 }

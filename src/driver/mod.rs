@@ -14,9 +14,11 @@
 //!
 //! # Invariants
 //!
-//! - A round never outlives `node_timeout` (give or take the microseconds spent handling
-//!   replies between two clock readings, see `core::budget`); connecting, reconnecting
-//!   and handshakes never block: a node that is not ready just votes "failed".
+//! - A round never waits past `node_timeout` counted from its start (taken before the
+//!   commands are encoded and sent), give or take the microseconds spent handling
+//!   replies between two clock readings and one late wakeup (see `core::budget`; a wait
+//!   that ends with no event re-reads the clock). Connecting, reconnecting and
+//!   handshakes never block: a node that is not ready just votes "failed".
 //! - Replies are matched through each connection's FIFO of expected replies, tagged with
 //!   the round they belong to; replies of earlier rounds are read and discarded, never
 //!   counted in a later one.
@@ -205,7 +207,12 @@ impl Driver {
                     }
                 }
             };
-            self.poll_once(&mut events, timeout, Some(&mut active));
+            if !self.poll_once(&mut events, timeout, Some(&mut active)) {
+                // A wait that ended with nothing to show may have run late (timer slack,
+                // a busy machine): let the clock size the next one, so lateness cannot
+                // pile up over several slices.
+                budget.expire();
+            }
             if active.round.has_unstamped() {
                 active.round.stamp(Instant::now());
             }
@@ -214,6 +221,7 @@ impl Driver {
         if active.round.has_unstamped() {
             active.round.stamp(Instant::now());
         }
+        debug_assert!(!active.round.has_unstamped());
         self.events = events;
         start
     }
@@ -283,17 +291,21 @@ impl Driver {
         }
     }
 
-    /// Waits for events at most `timeout` and handles them. Reads no clock: the hot path
-    /// does not need one, and the cold paths read it themselves.
+    /// Waits for events at most `timeout` and handles them; false when the wait brought
+    /// none (it timed out, or failed). Reads no clock: the hot path does not need one, and
+    /// the cold paths read it themselves.
     #[inline(always)]
     fn poll_once(
         &mut self,
         events: &mut Events,
         timeout: Duration,
         mut active: Option<&mut Active<'_>>,
-    ) {
+    ) -> bool {
         let polled = self.poll.poll(events, Some(timeout));
-        if polled.is_ok() {
+        if polled.is_err() || events.is_empty() {
+            return false;
+        }
+        {
             for ev in events.iter() {
                 let node = ev.token().0;
                 let closed = ev.is_read_closed() || ev.is_error();
@@ -317,6 +329,7 @@ impl Driver {
             }
         }
         // An interrupted or failed wait just loops again; the round's budget bounds it.
+        true
     }
 
     #[cold]
