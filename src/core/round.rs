@@ -189,8 +189,14 @@ impl Round {
         };
         // Same shape as the last round (the common case): overwrite in place.
         if self.slots.len() == slots && self.votes.len() == slots * nodes {
-            self.slots.fill(open);
-            self.votes.fill(Vote::Pending);
+            // Plain loops: `fill` goes through a generic clone path that costs more than
+            // the one or few slots of a round.
+            for slot in &mut self.slots {
+                *slot = open;
+            }
+            for vote in &mut self.votes {
+                *vote = Vote::Pending;
+            }
         } else {
             self.slots.clear();
             self.slots.resize(slots, open);
