@@ -389,6 +389,85 @@ mod tests {
     use super::*;
     use crate::resp::encode::command;
 
+    /// Random keys (every length from 0 to 300, then a few large ones) and ttls of every
+    /// digit count, pushed back to back into one reused frame: each command must equal
+    /// the generic encoder's bytes, and the frame must hold exactly their concatenation.
+    #[test]
+    fn frames_match_the_generic_encoder_for_any_key_and_ttl() {
+        let mut rng = fastrand::Rng::with_seed(11);
+        let mut frame = Frame::default();
+        let mut lengths: Vec<usize> = (0..=300).collect();
+        lengths.extend([999, 1000, 9_999, 10_000, 65_535, 65_536]);
+        for (round, len) in lengths.into_iter().enumerate() {
+            let key: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
+            let token = Token::from_bits(rng.u128(..));
+            let digits = 1 + round % 20;
+            let ttl = if digits == 20 {
+                rng.u64(10u64.pow(19)..)
+            } else {
+                rng.u64(10u64.pow(digits as u32 - 1)..10u64.pow(digits as u32))
+            };
+            let t = token.as_bytes();
+            let ttl_text = ttl.to_string();
+            let cmds = [
+                Cmd::Acquire { ttl_ms: ttl },
+                Cmd::Extend {
+                    ttl_ms: ttl,
+                    by_sha: true,
+                },
+                Cmd::Extend {
+                    ttl_ms: ttl,
+                    by_sha: false,
+                },
+                Cmd::Release { by_sha: true },
+                Cmd::Release { by_sha: false },
+            ];
+            if round % 7 == 0 {
+                frame.clear();
+            }
+            let mut expected_tail = Vec::new();
+            let before = frame.bytes().to_vec();
+            for cmd in cmds {
+                let mut want = Vec::new();
+                match cmd {
+                    Cmd::Acquire { .. } => command(
+                        &mut want,
+                        &[b"SET", &key, t, b"NX", b"PX", ttl_text.as_bytes()],
+                    ),
+                    Cmd::Extend { by_sha, .. } => {
+                        let (name, script): (&[u8], &[u8]) = if by_sha {
+                            (b"EVALSHA", &script::EXTEND_SHA[..])
+                        } else {
+                            (b"EVAL", script::EXTEND)
+                        };
+                        command(
+                            &mut want,
+                            &[name, script, b"1", &key, t, ttl_text.as_bytes()],
+                        )
+                    }
+                    Cmd::Release { by_sha } => {
+                        let (name, script): (&[u8], &[u8]) = if by_sha {
+                            (b"EVALSHA", &script::RELEASE_SHA[..])
+                        } else {
+                            (b"EVAL", script::RELEASE)
+                        };
+                        command(&mut want, &[name, script, b"1", &key, t])
+                    }
+                }
+                let index = frame.count();
+                frame.push(cmd, &key, &token);
+                assert_eq!(
+                    frame.command(index),
+                    &want[..],
+                    "{cmd:?}, key of {len} bytes"
+                );
+                expected_tail.extend_from_slice(&want);
+            }
+            assert_eq!(&frame.bytes()[..before.len()], &before[..]);
+            assert_eq!(&frame.bytes()[before.len()..], &expected_tail[..]);
+        }
+    }
+
     #[test]
     fn commands_match_the_generic_encoder() {
         let token = Token::from_bits(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
