@@ -302,33 +302,31 @@ impl Driver {
         mut active: Option<&mut Active<'_>>,
     ) -> bool {
         let polled = self.poll.poll(events, Some(timeout));
+        // An interrupted or failed wait just loops again; the round's budget bounds it.
         if polled.is_err() || events.is_empty() {
             return false;
         }
-        {
-            for ev in events.iter() {
-                let node = ev.token().0;
-                let closed = ev.is_read_closed() || ev.is_error();
-                let readable = ev.is_readable() || closed;
-                // The hot path: replies on an established connection with nothing queued.
-                if readable && !closed {
-                    if let Some(conn) = self.conns.get_mut(node) {
-                        if conn.state == State::Ready && !conn.has_unsent() {
-                            let active = active.as_deref_mut();
-                            match conn.read_fast() {
-                                ReadFast::Drained => self.dispatch_fresh(node, active),
-                                ReadFast::Closed => self.dispatch_then_close(node, active),
-                                ReadFast::Failed(e) => self.fail_conn(node, e.into(), active),
-                                ReadFast::Slow => self.on_event(node, true, false, active),
-                            }
-                            continue;
+        for ev in events.iter() {
+            let node = ev.token().0;
+            let closed = ev.is_read_closed() || ev.is_error();
+            let readable = ev.is_readable() || closed;
+            // The hot path: replies on an established connection with nothing queued.
+            if readable && !closed {
+                if let Some(conn) = self.conns.get_mut(node) {
+                    if conn.state == State::Ready && !conn.has_unsent() {
+                        let active = active.as_deref_mut();
+                        match conn.read_fast() {
+                            ReadFast::Drained => self.dispatch_fresh(node, active),
+                            ReadFast::Closed => self.dispatch_then_close(node, active),
+                            ReadFast::Failed(e) => self.fail_conn(node, e.into(), active),
+                            ReadFast::Slow => self.on_event(node, true, false, active),
                         }
+                        continue;
                     }
                 }
-                self.on_event(node, readable, closed, active.as_deref_mut());
             }
+            self.on_event(node, readable, closed, active.as_deref_mut());
         }
-        // An interrupted or failed wait just loops again; the round's budget bounds it.
         true
     }
 
