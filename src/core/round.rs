@@ -106,6 +106,44 @@ pub fn interpret<'a>(kind: Kind, reply: &Reply<'a>) -> Reaction<'a> {
     }
 }
 
+/// The hot-path reading of a reply: when `buf` starts with one of the two common answers
+/// to `kind` (`+OK` / `$-1` to `SET NX`, `:1` / `:0` to a script), the vote (yes or no)
+/// and the reply's length. `None` for anything else, complete or not: the caller then
+/// decodes it in full. Never accepts bytes that [`decode`](crate::resp::decode) followed
+/// by [`interpret`] would read differently (the tests check this exhaustively).
+///
+/// # Example
+///
+/// ```
+/// use quorumlock::core::round::{quick_vote, Kind};
+///
+/// assert_eq!(quick_vote(Kind::Acquire, b"+OK\r\n:1\r\n"), Some((true, 5)));
+/// assert_eq!(quick_vote(Kind::Release, b":0\r\n"), Some((false, 4)));
+/// assert_eq!(quick_vote(Kind::Release, b"+OK\r\n"), None); // a desync: the slow path
+/// assert_eq!(quick_vote(Kind::Acquire, b"+OK\r"), None); // incomplete
+/// ```
+#[inline(always)]
+pub fn quick_vote(kind: Kind, buf: &[u8]) -> Option<(bool, usize)> {
+    // One 4-byte compare per form instead of byte by byte.
+    let head = u32::from_le_bytes(*buf.first_chunk::<4>()?);
+    if kind == Kind::Acquire {
+        if buf.get(4) != Some(&b'\n') {
+            return None;
+        }
+        match head {
+            h if h == u32::from_le_bytes(*b"+OK\r") => Some((true, 5)),
+            h if h == u32::from_le_bytes(*b"$-1\r") => Some((false, 5)),
+            _ => None,
+        }
+    } else {
+        match head {
+            h if h == u32::from_le_bytes(*b":1\r\n") => Some((true, 4)),
+            h if h == u32::from_le_bytes(*b":0\r\n") => Some((false, 4)),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct Tally {
     yes: u32,
@@ -564,6 +602,60 @@ mod tests {
         r.tally(1, 0, false);
         assert!(r.has_unstamped());
         assert_eq!(r.decided_at(0), None);
+    }
+
+    /// Every byte string of up to 6 bytes over the alphabet replies are made of, plus
+    /// random ones: whatever `quick_vote` accepts, the full decoder reads the same way
+    /// (same length, same vote); and it accepts each common reply wherever it stands.
+    #[test]
+    fn quick_vote_agrees_with_the_full_decoder() {
+        use crate::resp::{Limits, decode};
+        let alphabet = b"+-:$*OK01\r\nX";
+        let limits = Limits::default();
+        let check = |kind: Kind, buf: &[u8]| {
+            if let Some((yes, used)) = quick_vote(kind, buf) {
+                let (reply, len) = decode(buf, &limits)
+                    .expect("accepted bytes must parse")
+                    .expect("accepted bytes must be complete");
+                assert_eq!(len, used, "{:?}", buf.escape_ascii().to_string());
+                let want = if yes { Reaction::Yes } else { Reaction::No };
+                assert_eq!(interpret(kind, &reply), want, "{kind:?}");
+            }
+        };
+        let mut buf = Vec::new();
+        for len in 0..=6u32 {
+            for code in 0..(alphabet.len() as u64).pow(len) {
+                buf.clear();
+                let mut c = code;
+                for _ in 0..len {
+                    buf.push(alphabet[(c % alphabet.len() as u64) as usize]);
+                    c /= alphabet.len() as u64;
+                }
+                for kind in [Kind::Acquire, Kind::Extend, Kind::Release] {
+                    check(kind, &buf);
+                }
+            }
+        }
+        let mut rng = fastrand::Rng::with_seed(5);
+        for _ in 0..200_000 {
+            buf.clear();
+            buf.extend((0..rng.usize(0..12)).map(|_| alphabet[rng.usize(..alphabet.len())]));
+            for kind in [Kind::Acquire, Kind::Extend, Kind::Release] {
+                check(kind, &buf);
+            }
+        }
+        for (kind, reply, vote) in [
+            (Kind::Acquire, &b"+OK\r\n"[..], Some((true, 5))),
+            (Kind::Acquire, b"$-1\r\n", Some((false, 5))),
+            (Kind::Extend, b":1\r\n", Some((true, 4))),
+            (Kind::Release, b":0\r\n", Some((false, 4))),
+            (Kind::Acquire, b":1\r\n", None),
+            (Kind::Release, b"$-1\r\n", None),
+        ] {
+            let mut stream = reply.to_vec();
+            stream.extend_from_slice(b"+OK\r\n");
+            assert_eq!(quick_vote(kind, &stream), vote);
+        }
     }
 
     #[test]

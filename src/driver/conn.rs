@@ -16,7 +16,7 @@
 
 use super::fifo::Fifo;
 use crate::config::{Address, Endpoint};
-use crate::core::round::Kind;
+use crate::core::round::{Kind, quick_vote};
 use crate::error::NodeError;
 use crate::resp::encode::command;
 use crate::resp::{Limits, ProtocolError, Reply, decode};
@@ -459,25 +459,7 @@ impl NodeConn {
             return None;
         };
         let buf = self.inbox.get(self.head..self.tail)?;
-        // One 4-byte compare per form instead of byte by byte.
-        let head = u32::from_le_bytes(*buf.first_chunk::<4>()?);
-        let (yes, used) = if kind == Kind::Acquire {
-            let (ok, nil) = (u32::from_le_bytes(*b"+OK\r"), u32::from_le_bytes(*b"$-1\r"));
-            if buf.get(4) != Some(&b'\n') {
-                return None;
-            }
-            match head {
-                h if h == ok => (true, 5),
-                h if h == nil => (false, 5),
-                _ => return None,
-            }
-        } else {
-            match head {
-                h if h == u32::from_le_bytes(*b":1\r\n") => (true, 4),
-                h if h == u32::from_le_bytes(*b":0\r\n") => (false, 4),
-                _ => return None,
-            }
-        };
+        let (yes, used) = quick_vote(kind, buf)?;
         let vote = (expect.round, expect.slot, yes);
         self.consume(used);
         Some(vote)
