@@ -109,7 +109,7 @@ pub fn interpret<'a>(kind: Kind, reply: &Reply<'a>) -> Reaction<'a> {
 /// The hot-path reading of a reply: when `buf` starts with one of the two common answers
 /// to `kind` (`+OK` / `$-1` to `SET NX`, `:1` / `:0` to a script), the vote (yes or no)
 /// and the reply's length. `None` for anything else, complete or not: the caller then
-/// decodes it in full. Never accepts bytes that [`decode`](crate::resp::decode) followed
+/// decodes it in full. Never accepts bytes that [`decode`](crate::resp::decode()) followed
 /// by [`interpret`] would read differently (the tests check this exhaustively).
 ///
 /// # Example
