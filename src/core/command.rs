@@ -14,6 +14,17 @@ use super::script;
 use super::token::Token;
 
 /// The command a frame carries, with what it needs beyond the key and token.
+///
+/// # Example
+///
+/// ```
+/// use quorumlock::core::command::{Cmd, Frame};
+/// use quorumlock::core::token::Token;
+///
+/// let mut frame = Frame::default();
+/// frame.push(Cmd::Acquire { ttl_ms: 10_000 }, b"orders:42", &Token::from_bits(1));
+/// assert!(frame.command(0).ends_with(b"PX\r\n$5\r\n10000\r\n"));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cmd {
     /// `SET key token NX PX ttl_ms`.
@@ -54,12 +65,37 @@ pub fn acquire(out: &mut Vec<u8>, key: &[u8], token: &Token, ttl_ms: u64) {
 
 /// Compare-and-delete: `EVALSHA sha 1 key token`, or `EVAL script 1 key token` when
 /// `by_sha` is false (after `NOSCRIPT`, or when no reply will be read); appended to `out`.
+///
+/// # Example
+///
+/// ```
+/// use quorumlock::core::command::release;
+/// use quorumlock::core::script::RELEASE_SHA;
+/// use quorumlock::core::token::Token;
+///
+/// let mut out = Vec::new();
+/// release(&mut out, b"k", &Token::from_bits(1), true);
+/// assert!(out.starts_with(b"*5\r\n$7\r\nEVALSHA\r\n$40\r\n"));
+/// assert!(out.windows(40).any(|w| w == RELEASE_SHA));
+/// ```
 pub fn release(out: &mut Vec<u8>, key: &[u8], token: &Token, by_sha: bool) {
     append(out, Cmd::Release { by_sha }, key, token);
 }
 
 /// Compare-and-pexpire: `EVALSHA sha 1 key token ttl_ms` (or `EVAL` as for release),
 /// appended to `out`.
+///
+/// # Example
+///
+/// ```
+/// use quorumlock::core::command::extend;
+/// use quorumlock::core::token::Token;
+///
+/// let mut out = Vec::new();
+/// extend(&mut out, b"k", &Token::from_bits(1), 30_000, false);
+/// assert!(out.starts_with(b"*6\r\n$4\r\nEVAL\r\n"));
+/// assert!(out.ends_with(b"$5\r\n30000\r\n"));
+/// ```
 pub fn extend(out: &mut Vec<u8>, key: &[u8], token: &Token, ttl_ms: u64, by_sha: bool) {
     append(out, Cmd::Extend { ttl_ms, by_sha }, key, token);
 }
@@ -354,6 +390,21 @@ impl Writer<'_> {
 /// Rewrites one `EVALSHA` command as encoded by [`release`] or [`extend`] into the same
 /// command with `EVAL` and the script itself, for a node that answered `NOSCRIPT`.
 /// Returns `false` (and writes nothing) for bytes that are not such a command.
+///
+/// # Example
+///
+/// ```
+/// use quorumlock::core::command::{evalsha_to_eval, release};
+/// use quorumlock::core::token::Token;
+///
+/// let token = Token::from_bits(7);
+/// let (mut by_sha, mut by_script, mut rewritten) = (Vec::new(), Vec::new(), Vec::new());
+/// release(&mut by_sha, b"k", &token, true);
+/// release(&mut by_script, b"k", &token, false);
+/// assert!(evalsha_to_eval(&mut rewritten, &by_sha));
+/// assert_eq!(rewritten, by_script);
+/// assert!(!evalsha_to_eval(&mut rewritten, b"*1\r\n$4\r\nPING\r\n"));
+/// ```
 pub fn evalsha_to_eval(out: &mut Vec<u8>, cmd: &[u8]) -> bool {
     const HEAD: usize = 4; // "*5\r\n" or "*6\r\n"
     let sha_at = HEAD + EVALSHA_HEAD.len();

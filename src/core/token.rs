@@ -23,6 +23,15 @@ impl Token {
     }
 
     /// The token as a fixed-size array (lets encoders copy it with constant-size moves).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use quorumlock::core::token::Token;
+    ///
+    /// let token = Token::from_bits(u128::MAX);
+    /// assert_eq!(token.as_array(), &[b'f'; 32]);
+    /// ```
     pub fn as_array(&self) -> &[u8; 32] {
         &self.0
     }
