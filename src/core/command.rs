@@ -60,7 +60,7 @@ pub enum Cmd {
 /// assert!(out.ends_with(b"$2\r\nNX\r\n$2\r\nPX\r\n$3\r\n500\r\n"));
 /// ```
 pub fn acquire(out: &mut Vec<u8>, key: &[u8], token: &Token, ttl_ms: u64) {
-    append(out, Cmd::Acquire { ttl_ms }, key, token);
+    encode(out, Cmd::Acquire { ttl_ms }, key, token);
 }
 
 /// Compare-and-delete: `EVALSHA sha 1 key token`, or `EVAL script 1 key token` when
@@ -79,7 +79,7 @@ pub fn acquire(out: &mut Vec<u8>, key: &[u8], token: &Token, ttl_ms: u64) {
 /// assert!(out.windows(40).any(|w| w == RELEASE_SHA));
 /// ```
 pub fn release(out: &mut Vec<u8>, key: &[u8], token: &Token, by_sha: bool) {
-    append(out, Cmd::Release { by_sha }, key, token);
+    encode(out, Cmd::Release { by_sha }, key, token);
 }
 
 /// Compare-and-pexpire: `EVALSHA sha 1 key token ttl_ms` (or `EVAL` as for release),
@@ -97,10 +97,25 @@ pub fn release(out: &mut Vec<u8>, key: &[u8], token: &Token, by_sha: bool) {
 /// assert!(out.ends_with(b"$5\r\n30000\r\n"));
 /// ```
 pub fn extend(out: &mut Vec<u8>, key: &[u8], token: &Token, ttl_ms: u64, by_sha: bool) {
-    append(out, Cmd::Extend { ttl_ms, by_sha }, key, token);
+    encode(out, Cmd::Extend { ttl_ms, by_sha }, key, token);
 }
 
-fn append(out: &mut Vec<u8>, cmd: Cmd, key: &[u8], token: &Token) {
+/// `cmd` for `key` and `token`, appended to `out`: what [`acquire`], [`release`] and
+/// [`extend`] do, for a command chosen at run time.
+///
+/// # Example
+///
+/// ```
+/// use quorumlock::core::command::{encode, release, Cmd};
+/// use quorumlock::core::token::Token;
+///
+/// let token = Token::from_bits(3);
+/// let (mut a, mut b) = (Vec::new(), Vec::new());
+/// encode(&mut a, Cmd::Release { by_sha: false }, b"k", &token);
+/// release(&mut b, b"k", &token, false);
+/// assert_eq!(a, b);
+/// ```
+pub fn encode(out: &mut Vec<u8>, cmd: Cmd, key: &[u8], token: &Token) {
     let start = out.len();
     let parts = Parts::new(cmd, key);
     out.resize(start + parts.len, 0);
@@ -192,7 +207,6 @@ struct Parts {
     len: usize,
 }
 
-const SET_HEAD: &[u8; 13] = b"*6\r\n$3\r\nSET\r\n";
 /// `SET`'s head and the `$` of the key's length.
 const SET_HEAD_KEY: &[u8; 14] = b"*6\r\n$3\r\nSET\r\n$";
 /// After the token of a `SET`: its CRLF, `NX`, `PX` and the `$` of the ttl's length.
@@ -221,7 +235,6 @@ const fn copy_into(out: &mut [u8; 72], at: usize, bytes: &[u8]) -> usize {
     }
     at + bytes.len()
 }
-const NX_PX: &[u8; 16] = b"$2\r\nNX\r\n$2\r\nPX\r\n";
 const EVALSHA_HEAD: &[u8; 18] = b"$7\r\nEVALSHA\r\n$40\r\n";
 const EVAL_HEAD: &[u8; 10] = b"$4\r\nEVAL\r\n";
 const ONE_KEY: &[u8; 9] = b"\r\n$1\r\n1\r\n";
@@ -236,20 +249,27 @@ impl Parts {
             Cmd::Acquire { ttl_ms } | Cmd::Extend { ttl_ms, .. } => (ttl_ms, digits(ttl_ms)),
             Cmd::Release { .. } => (0, 0),
         };
+        // The same pieces `write` puts, in the same order.
         let head = match cmd {
-            Cmd::Acquire { .. } => SET_HEAD.len(),
-            Cmd::Extend { by_sha, .. } | Cmd::Release { by_sha } => {
-                4 + script_len(by_sha, script_of(cmd)) + ONE_KEY.len()
+            Cmd::Acquire { .. } => SET_HEAD_KEY.len(),
+            Cmd::Release { by_sha: true } => RELEASE_SHA_HEAD_KEY.len(),
+            Cmd::Extend { by_sha: true, .. } => EXTEND_SHA_HEAD_KEY.len(),
+            Cmd::Extend { by_sha: false, .. } | Cmd::Release { by_sha: false } => {
+                4 + script_len(false, script_of(cmd)) + ONE_KEY.len() + 1
             }
         };
-        // "$" len "\r\n" key "\r\n$32\r\n" token "\r\n".
-        let key_and_token = 1 + key_digits + 2 + key.len() + KEY_END_TOKEN_HEAD.len() + 32 + 2;
-        let tail = match cmd {
-            // "$2\r\nNX\r\n$2\r\nPX\r\n" "$" n "\r\n" ttl "\r\n".
-            Cmd::Acquire { .. } => NX_PX.len() + 1 + digits(ttl_digits as u64) + 2 + ttl_digits + 2,
-            Cmd::Extend { .. } => 1 + digits(ttl_digits as u64) + 2 + ttl_digits + 2,
-            Cmd::Release { .. } => 0,
+        let key_and_token = key_digits + 2 + key.len() + KEY_END_TOKEN_HEAD.len() + 32;
+        let after_token = match cmd {
+            Cmd::Acquire { .. } => TOKEN_END_NX_PX.len(),
+            Cmd::Extend { .. } => 3,
+            Cmd::Release { .. } => 2,
         };
+        let ttl_part = if ttl_digits > 0 {
+            digits(ttl_digits as u64) + 2 + ttl_digits + 2
+        } else {
+            0
+        };
+        let tail = after_token + ttl_part;
         Parts {
             cmd,
             key_digits,

@@ -380,12 +380,39 @@ impl Driver {
     }
 
     /// [`Driver::dispatch`] right after a read on a ready connection: the common votes
-    /// are taken here, with nothing else in the way; the rest goes the general way.
+    /// are taken first, with nothing else in the way; the rest goes the general way.
     #[inline(always)]
     fn dispatch_fresh(&mut self, node: usize, mut active: Option<&mut Active<'_>>) {
+        if self.take_votes(node, active.as_deref_mut()) {
+            self.dispatch(node, active);
+        }
+    }
+
+    /// Feeds every complete reply in `node`'s inbox to whoever waits for it.
+    #[inline]
+    fn dispatch(&mut self, node: usize, mut active: Option<&mut Active<'_>>) {
+        loop {
+            let conn = &self.conns[node];
+            if conn.state != State::Ready || !conn.has_input() {
+                return;
+            }
+            if !self.take_votes(node, active.as_deref_mut()) {
+                return;
+            }
+            if !self.dispatch_one(node, active.as_deref_mut()) {
+                return;
+            }
+        }
+    }
+
+    /// Takes the replies at the front of `node`'s inbox that are common votes
+    /// ([`NodeConn::take_vote`]) and counts them; true when input is left that needs the
+    /// general path.
+    #[inline(always)]
+    fn take_votes(&mut self, node: usize, mut active: Option<&mut Active<'_>>) -> bool {
         let round_id = self.round_id;
         let Some(conn) = self.conns.get_mut(node) else {
-            return;
+            return false;
         };
         if self.fast_votes {
             while let Some((round, slot, yes)) = conn.take_vote() {
@@ -397,41 +424,11 @@ impl Driver {
                     }
                 }
                 if !conn.has_input() {
-                    return;
+                    return false;
                 }
             }
         }
-        self.dispatch(node, active);
-    }
-
-    /// Feeds every complete reply in `node`'s inbox to whoever waits for it.
-    #[inline]
-    fn dispatch(&mut self, node: usize, mut active: Option<&mut Active<'_>>) {
-        loop {
-            let conn = &mut self.conns[node];
-            if conn.state != State::Ready || !conn.has_input() {
-                return;
-            }
-            if self.fast_votes {
-                if let Some((round, slot, yes)) = conn.take_vote() {
-                    let more = conn.has_input();
-                    // Votes count only in the round that is waiting for them; a late
-                    // reply of an earlier round is read and dropped.
-                    if round == self.round_id {
-                        if let Some(a) = active.as_deref_mut() {
-                            a.round.tally(node, slot as usize, yes);
-                        }
-                    }
-                    if more {
-                        continue;
-                    }
-                    return;
-                }
-            }
-            if !self.dispatch_one(node, active.as_deref_mut()) {
-                return;
-            }
-        }
+        conn.has_input()
     }
 
     /// Handles the next reply in `node`'s inbox in full generality; false when there is
@@ -531,7 +528,8 @@ impl Driver {
                     return true;
                 };
                 self.extra.clear();
-                encode(&mut self.extra, a.req.kind, item, a.req.ttl_ms, false);
+                let cmd = cmd_of(a.req.kind, a.req.ttl_ms, false);
+                command::encode(&mut self.extra, cmd, item.key, &item.token);
                 if let Err(e) = self.conns[node].send(&self.extra, expect, 1) {
                     self.fail_conn(node, e, active);
                     return false;
@@ -613,7 +611,13 @@ impl Driver {
         }
         self.extra.clear();
         for &slot in lost {
-            encode(&mut self.extra, Kind::Release, &items[slot], 0, false);
+            let item = &items[slot];
+            command::encode(
+                &mut self.extra,
+                Cmd::Release { by_sha: false },
+                item.key,
+                &item.token,
+            );
         }
         let now = Instant::now();
         for node in 0..self.conns.len() {
@@ -663,13 +667,5 @@ fn cmd_of(kind: Kind, ttl_ms: u64, by_sha: bool) -> Cmd {
         Kind::Acquire => Cmd::Acquire { ttl_ms },
         Kind::Extend => Cmd::Extend { ttl_ms, by_sha },
         Kind::Release => Cmd::Release { by_sha },
-    }
-}
-
-fn encode(out: &mut Vec<u8>, kind: Kind, item: &Item<'_>, ttl_ms: u64, by_sha: bool) {
-    match kind {
-        Kind::Acquire => command::acquire(out, item.key, &item.token, ttl_ms),
-        Kind::Extend => command::extend(out, item.key, &item.token, ttl_ms, by_sha),
-        Kind::Release => command::release(out, item.key, &item.token, by_sha),
     }
 }
