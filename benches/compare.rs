@@ -30,8 +30,8 @@ mod common;
 
 use common::Cluster;
 use mio::{Events, Interest, Poll, Token};
-use quorumlock::core::script::{RELEASE, RELEASE_SHA};
-use quorumlock::resp::encode;
+use quorumlock::__private::core::script::{RELEASE, RELEASE_SHA};
+use quorumlock::__private::resp::encode;
 use quorumlock::{Lock, Redlock};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{ErrorKind, Read, Write};

@@ -4,10 +4,10 @@
 //! quick pass). Every iteration checks its result, so a broken codec cannot look fast.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use quorumlock::core::command;
-use quorumlock::core::script::RELEASE_SHA;
-use quorumlock::core::token::Token;
-use quorumlock::resp::{Limits, Reply, decode, encode};
+use quorumlock::__private::core::command;
+use quorumlock::__private::core::script::RELEASE_SHA;
+use quorumlock::__private::core::token::Token;
+use quorumlock::__private::resp::{Limits, Reply, decode, encode};
 use std::hint::black_box;
 
 const KEY: &[u8] = b"orders:42";

@@ -26,7 +26,7 @@ use std::time::Duration;
 /// assert_eq!(e.to_string(), "redis://app:***@127.0.0.1:7001/2");
 /// assert!(Endpoint::parse("redis://127.0.0.1:99999").is_err());
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Endpoint {
     pub(crate) addr: Address,
     pub(crate) user: Option<String>,
@@ -150,9 +150,29 @@ impl Endpoint {
         }
     }
 
+    /// What identifies the server: its socket address, or its socket path, resolved
+    /// (links, `..`) when the file exists, else with `.` and repeated `/` dropped.
+    fn server(&self) -> String {
+        match &self.addr {
+            Address::Tcp(a) => a.to_string(),
+            Address::Unix(p) => std::fs::canonicalize(p)
+                .unwrap_or_else(|_| p.components().collect())
+                .display()
+                .to_string(),
+        }
+    }
+
     /// The database number selected after connecting.
     pub fn db(&self) -> u32 {
         self.db
+    }
+}
+
+impl std::fmt::Debug for Endpoint {
+    /// The URL with any password replaced by `***`, as [`Display`](std::fmt::Display):
+    /// a password never reaches a log through `{:?}`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Endpoint").field(&self.shown).finish()
     }
 }
 
@@ -261,7 +281,9 @@ fn mask(url: &str) -> String {
     let masked = match rest[..end].rfind('@') {
         Some(at) => match rest[..at].split_once(':') {
             Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
-            None => url.to_string(),
+            // `redis://secret@host` is refused (a user needs a password), but the text
+            // before '@' may well be a password: never echo it.
+            None => format!("{scheme}://***{}", &rest[at..]),
         },
         None => url.to_string(),
     };
@@ -336,7 +358,7 @@ pub struct Settings {
 ///     .unwrap_err();
 /// assert!(err.to_string().contains("drift_factor"));
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Builder {
     nodes: Vec<String>,
     node_timeout: Duration,
@@ -347,6 +369,24 @@ pub struct Builder {
     drift_factor: f64,
     max_backoff: Duration,
     limits: Limits,
+}
+
+impl std::fmt::Debug for Builder {
+    /// Node URLs are shown with their passwords replaced by `***`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nodes: Vec<String> = self.nodes.iter().map(|u| mask(u)).collect();
+        f.debug_struct("Builder")
+            .field("nodes", &nodes)
+            .field("node_timeout", &self.node_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("retry_count", &self.retry_count)
+            .field("retry_delay", &self.retry_delay)
+            .field("retry_jitter", &self.retry_jitter)
+            .field("drift_factor", &self.drift_factor)
+            .field("max_backoff", &self.max_backoff)
+            .field("limits", &self.limits)
+            .finish()
+    }
 }
 
 impl Default for Builder {
@@ -451,11 +491,16 @@ impl Builder {
         let mut nodes: Vec<Endpoint> = Vec::with_capacity(self.nodes.len());
         for (i, url) in self.nodes.iter().enumerate() {
             let e = Endpoint::parse_as(&format!("nodes[{i}]"), url)?;
-            if let Some(j) = nodes.iter().position(|n| n.addr == e.addr && n.db == e.db) {
+            // One server under several db numbers is still one server: it would give
+            // one process a majority.
+            if let Some(j) = nodes.iter().position(|n| n.server() == e.server()) {
                 return Err(ConfigError::new(
                     format!("nodes[{i}]"),
                     mask(url),
-                    format!("duplicate of nodes[{j}]: each node must be a distinct server"),
+                    format!(
+                        "duplicate of nodes[{j}]: the same server ({}), whatever the db; each node must be a distinct Redis server",
+                        e.server()
+                    ),
                 ));
             }
             nodes.push(e);
@@ -579,6 +624,58 @@ mod tests {
     fn passwords_never_show_in_errors() {
         assert!(!err("redis://u:hunter2@127.0.0.1:0").contains("hunter2"));
         assert!(!err("unix:///tmp/s?password=hunter2&bogus=1").contains("hunter2"));
+        assert!(!err("redis://hunter2@127.0.0.1").contains("hunter2"));
+    }
+
+    #[test]
+    fn passwords_never_show_in_debug_output() {
+        let builder = Builder::default()
+            .nodes([
+                "redis://app:hunter2@127.0.0.1:7001",
+                "redis://:hunter3@127.0.0.1:7002/1",
+                "unix:///tmp/q.sock?password=hunter4",
+                "unix://u:hunter5@/tmp/r.sock",
+            ])
+            .node("redis://hunter6@127.0.0.1:7003");
+        let shown = format!("{builder:?} {builder:#?}");
+        let settings = builder
+            .clone()
+            .nodes(&builder.nodes[..4])
+            .settings()
+            .unwrap();
+        let shown = format!("{shown} {settings:?} {settings:#?} {:?}", settings.nodes[0]);
+        for secret in ["hunter2", "hunter3", "hunter4", "hunter5", "hunter6"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("app:***@127.0.0.1:7001"), "{shown}");
+    }
+
+    #[test]
+    fn one_server_cannot_pose_as_several_nodes() {
+        let dup = |a: &str, b: &str| {
+            Builder::default()
+                .nodes(["redis://127.0.0.1:7009", a, b])
+                .settings()
+                .map_err(|e| e.to_string())
+        };
+        // Another db of the same server, written another way, is the same server.
+        for other in [
+            "redis://127.0.0.1:7001/1",
+            "redis://127.0.0.1:7001/4",
+            "redis://localhost:7001/2",
+            "redis://u:pw@127.0.0.1:7001/3",
+        ] {
+            let e = dup("redis://127.0.0.1:7001", other).unwrap_err();
+            assert!(
+                e.contains("duplicate of nodes[1]") && e.contains("whatever the db"),
+                "{e}"
+            );
+        }
+        let e = dup("unix:///tmp/ql.sock", "unix:///tmp/./ql.sock?db=3").unwrap_err();
+        assert!(e.contains("duplicate of nodes[1]"), "{e}");
+        let e = dup("unix:///tmp/ql.sock", "unix:///tmp//ql.sock").unwrap_err();
+        assert!(e.contains("duplicate of nodes[1]"), "{e}");
+        assert!(dup("redis://127.0.0.1:7001", "redis://127.0.0.1:7002").is_ok());
     }
 
     #[test]

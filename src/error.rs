@@ -37,16 +37,23 @@ pub enum Error {
     /// A quorum agreed too late to leave any validity, or the lock to extend had already
     /// expired (or been lost) on a majority of nodes.
     Expired(Failure),
+    /// An argument of the call is out of range (a ttl of zero, or not longer than the
+    /// drift allowance, or over [`MAX_TTL`](crate::MAX_TTL); an empty resource name or
+    /// one over [`MAX_RESOURCE`](crate::MAX_RESOURCE)). Nothing was sent to any node.
+    InvalidArgument(ArgumentError),
     /// An invalid setting or node URL, found before any connection was attempted.
     Config(ConfigError),
+    /// The operating system refused something the client needs: the random source for
+    /// lock tokens, or an event queue. [`std::error::Error::source`] gives the I/O error.
+    Os(OsError),
 }
 
 impl Error {
-    /// The per-operation detail, for every variant but `Config`.
+    /// The per-operation detail of `Taken`, `Unavailable` and `Expired`.
     pub fn failure(&self) -> Option<&Failure> {
         match self {
             Error::Taken(f) | Error::Unavailable(f) | Error::Expired(f) => Some(f),
-            Error::Config(_) => None,
+            Error::InvalidArgument(_) | Error::Config(_) | Error::Os(_) => None,
         }
     }
 }
@@ -67,13 +74,39 @@ impl fmt::Display for Error {
                 Escaped(&x.resource),
                 x.quorum
             ),
-            Error::Expired(x) => write!(f, "{} {:?} expired: {x}", x.op, Escaped(&x.resource)),
+            Error::Expired(x) => {
+                write!(f, "{} {:?} failed: ", x.op, Escaped(&x.resource))?;
+                f.write_str(x.expiry_reason())?;
+                if x.nodes.is_empty() {
+                    Ok(())
+                } else {
+                    write!(f, ": {x}")
+                }
+            }
+            Error::InvalidArgument(a) => write!(f, "invalid argument: {a}"),
             Error::Config(c) => write!(f, "invalid configuration: {c}"),
+            Error::Os(e) => write!(f, "{e}"),
         }
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    /// The I/O error under [`Error::Os`]; for a lock-level failure, the first node's
+    /// failure (a socket error, a protocol error, ...), if any node failed.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Os(e) => Some(e),
+            Error::Config(e) => Some(e),
+            Error::InvalidArgument(e) => Some(e),
+            Error::Taken(x) | Error::Unavailable(x) | Error::Expired(x) => {
+                x.nodes.iter().find_map(|n| match &n.outcome {
+                    Outcome::Failed(e) => Some(e as &(dyn std::error::Error + 'static)),
+                    _ => None,
+                })
+            }
+        }
+    }
+}
 
 impl From<ConfigError> for Error {
     fn from(e: ConfigError) -> Error {
@@ -103,19 +136,38 @@ impl fmt::Display for Phase {
 }
 
 /// Detail of a failed lock operation.
-#[derive(Debug, Clone)]
+///
+/// # Example
+///
+/// ```no_run
+/// use quorumlock::{Error, Outcome, Redlock};
+/// use std::time::Duration;
+///
+/// let mut rl = Redlock::builder().nodes(["redis://127.0.0.1:7001"]).build()?;
+/// if let Err(Error::Unavailable(f)) = rl.try_lock("jobs:nightly", Duration::from_secs(30)) {
+///     for n in &f.nodes {
+///         if let Outcome::Failed(why) = &n.outcome {
+///             eprintln!("{}: {why}", n.node);
+///         }
+///     }
+/// }
+/// # Ok::<(), Error>(())
+/// ```
+#[derive(Clone)]
 pub struct Failure {
     /// The operation.
     pub op: Phase,
     /// The resource (the Redis key).
     pub resource: Vec<u8>,
-    /// Attempts made (1 + retries used).
+    /// Attempts made (1 + retries used); 0 when the lock had expired before anything
+    /// was sent.
     pub attempts: u32,
     /// Nodes needed for a majority.
     pub quorum: usize,
     /// Time the last attempt took.
     pub elapsed: Duration,
-    /// What each node said in the last attempt, in configuration order.
+    /// What each node said in the last attempt, in configuration order; empty when
+    /// nothing was sent.
     pub nodes: Vec<NodeReport>,
 }
 
@@ -124,17 +176,67 @@ impl Failure {
     pub fn count(&self, pred: impl Fn(&Outcome) -> bool) -> usize {
         self.nodes.iter().filter(|n| pred(&n.outcome)).count()
     }
+
+    /// Why an [`Error::Expired`] expired, in words.
+    fn expiry_reason(&self) -> &'static str {
+        let still_ours = self.count(|o| matches!(o, Outcome::Locked));
+        match self.op {
+            _ if self.nodes.is_empty() => {
+                "the lock expired before the extend (its validity had already run out; nothing was sent)"
+            }
+            Phase::Extend if still_ours >= self.quorum => {
+                "the lock expired during the extend (a quorum agreed only after its validity had run out)"
+            }
+            Phase::Extend if still_ours == 0 => {
+                "the lock expired before the extend: no node holds this token any more"
+            }
+            Phase::Extend => {
+                "the lock expired before the extend: too few nodes still hold this token"
+            }
+            _ => {
+                "the lock expired while it was being acquired (a quorum agreed only after the validity had run out)"
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Failure")
+            .field("op", &self.op)
+            .field("resource", &Escaped(&self.resource))
+            .field("attempts", &self.attempts)
+            .field("quorum", &self.quorum)
+            .field("elapsed", &self.elapsed)
+            .field("nodes", &self.nodes)
+            .finish()
+    }
 }
 
 impl fmt::Display for Failure {
+    /// Counts first (only the kinds that occurred), then every node's outcome.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ok =
-            self.count(|o| matches!(o, Outcome::Locked | Outcome::Released | Outcome::NotHeld));
-        let held = self.count(|o| matches!(o, Outcome::Held));
+        type Kind = (&'static str, fn(&Outcome) -> bool);
+        let kinds: [Kind; 5] = [
+            ("ok", |o| matches!(o, Outcome::Locked | Outcome::Released)),
+            ("held by another client", |o| matches!(o, Outcome::Held)),
+            ("without this token", |o| matches!(o, Outcome::NotHeld)),
+            ("failed", |o| {
+                matches!(o, Outcome::NoReply | Outcome::Failed(_))
+            }),
+            ("not needed", |o| matches!(o, Outcome::NotNeeded)),
+        ];
+        let mut first = true;
+        for (name, pred) in kinds {
+            let n = self.count(pred);
+            if n > 0 || (first && name == "ok") {
+                write!(f, "{}{n} {name}", if first { "" } else { ", " })?;
+                first = false;
+            }
+        }
         write!(
             f,
-            "{ok} ok, {held} held elsewhere, {} failed of {} nodes (quorum {}) after {} attempt{} (last took {:?})",
-            self.nodes.len() - ok - held,
+            " of {} nodes (quorum {}) after {} attempt{} (last took {:?})",
             self.nodes.len(),
             self.quorum,
             self.attempts,
@@ -167,10 +269,13 @@ pub enum Outcome {
     Held,
     /// Release deleted our key.
     Released,
-    /// Release found no key of ours (expired, or never set there).
+    /// Release or extend found no key with this lock's token (expired, deleted, taken
+    /// over, or never set there).
     NotHeld,
-    /// No answer before the operation was decided (a quorum had already answered) or
-    /// `node_timeout` passed.
+    /// Not waited for: the operation was already decided by the other nodes' answers
+    /// (a quorum agreed, or enough refused). Not a failure.
+    NotNeeded,
+    /// No answer within `node_timeout`.
     NoReply,
     /// The node could not take part; why.
     Failed(NodeError),
@@ -182,8 +287,9 @@ impl fmt::Display for Outcome {
             Outcome::Locked => f.write_str("locked"),
             Outcome::Held => f.write_str("held by another client"),
             Outcome::Released => f.write_str("released"),
-            Outcome::NotHeld => f.write_str("not held"),
-            Outcome::NoReply => f.write_str("no reply before the decision or the timeout"),
+            Outcome::NotHeld => f.write_str("does not hold this token"),
+            Outcome::NotNeeded => f.write_str("not needed (decided before it answered)"),
+            Outcome::NoReply => f.write_str("no reply within node_timeout"),
             Outcome::Failed(e) => write!(f, "{e}"),
         }
     }
@@ -197,8 +303,15 @@ pub enum NodeError {
     Io(io::ErrorKind, String),
     /// The server closed the connection.
     Closed,
-    /// Connecting took longer than the connect timeout.
+    /// Connecting (TCP connect and the AUTH/SELECT/PING handshake) took longer than the
+    /// connect timeout: the host is silent or unreachable.
     ConnectTimeout,
+    /// Still connecting: the connection or its handshake has not completed yet (within
+    /// the connect timeout).
+    Connecting,
+    /// The peer is not a Redis server: it sent bytes that are not RESP (shown escaped,
+    /// at most 16 bytes), e.g. an HTTP or SSH server on that port.
+    NotRedis(String),
     /// The node is disconnected and waiting out its reconnect backoff.
     Down(Arc<NodeError>),
     /// The node still owes replies older than `node_timeout` (frozen or very slow), so it
@@ -222,6 +335,10 @@ impl fmt::Display for NodeError {
             NodeError::Io(kind, msg) => write!(f, "I/O error ({kind:?}): {msg}"),
             NodeError::Closed => f.write_str("connection closed by server"),
             NodeError::ConnectTimeout => f.write_str("connect timed out"),
+            NodeError::Connecting => {
+                f.write_str("still connecting (no answer to the handshake yet)")
+            }
+            NodeError::NotRedis(sent) => write!(f, "not a Redis server (it sent '{sent}')"),
             NodeError::Down(why) => write!(f, "down, reconnecting ({why})"),
             NodeError::Lagging => f.write_str("lagging: earlier replies still outstanding"),
             NodeError::Protocol(e) => write!(f, "protocol error: {e}"),
@@ -230,6 +347,25 @@ impl fmt::Display for NodeError {
             NodeError::Handshake(msg) => write!(f, "AUTH/SELECT refused: {msg}"),
             NodeError::Backlog => f.write_str("write backlog over the limit"),
         }
+    }
+}
+
+impl std::error::Error for NodeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            NodeError::Down(why) => Some(&**why),
+            NodeError::Protocol(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl NodeError {
+    /// [`NodeError::NotRedis`] with a preview of what the peer sent.
+    pub(crate) fn not_redis(sent: &[u8]) -> NodeError {
+        let shown = &sent[..sent.len().min(16)];
+        let more = if sent.len() > 16 { "…" } else { "" };
+        NodeError::NotRedis(format!("{}{more}", shown.escape_ascii()))
     }
 }
 
@@ -271,6 +407,103 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// An out-of-range argument of a call, naming the argument and the bad value.
+///
+/// # Example
+///
+/// ```no_run
+/// use quorumlock::{Error, Redlock};
+/// use std::time::Duration;
+///
+/// let mut rl = Redlock::builder().nodes(["redis://127.0.0.1:7001"]).build()?;
+/// match rl.try_lock("", Duration::from_secs(5)) {
+///     Err(Error::InvalidArgument(a)) => assert_eq!(a.argument, "resource"),
+///     other => panic!("{other:?}"),
+/// }
+/// # Ok::<(), Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgumentError {
+    /// The argument: `"ttl"` or `"resource"`.
+    pub argument: &'static str,
+    /// The value given, as text (a resource by its length).
+    pub value: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl ArgumentError {
+    pub(crate) fn new(
+        argument: &'static str,
+        value: impl Into<String>,
+        problem: impl Into<String>,
+    ) -> ArgumentError {
+        ArgumentError {
+            argument,
+            value: value.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+impl fmt::Display for ArgumentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} = {}: {}", self.argument, self.value, self.problem)
+    }
+}
+
+impl std::error::Error for ArgumentError {}
+
+/// The operating system refused something the client needs.
+///
+/// # Example
+///
+/// ```
+/// use quorumlock::Error;
+///
+/// fn explain(e: &Error) {
+///     if let Error::Os(os) = e {
+///         eprintln!("{} ({:?})", os.what(), os.io_error().kind());
+///     }
+/// }
+/// ```
+#[derive(Debug, Clone)]
+pub struct OsError {
+    what: &'static str,
+    source: Arc<io::Error>,
+}
+
+impl OsError {
+    pub(crate) fn new(what: &'static str, source: io::Error) -> OsError {
+        OsError {
+            what,
+            source: Arc::new(source),
+        }
+    }
+
+    /// What the client was doing, e.g. "reading lock tokens from /dev/urandom".
+    pub fn what(&self) -> &'static str {
+        self.what
+    }
+
+    /// The underlying I/O error.
+    pub fn io_error(&self) -> &io::Error {
+        &self.source
+    }
+}
+
+impl fmt::Display for OsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.what, self.source)
+    }
+}
+
+impl std::error::Error for OsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
 
 /// Shows bytes as text, escaping anything that is not printable ASCII.
 pub(crate) struct Escaped<'a>(pub &'a [u8]);

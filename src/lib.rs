@@ -33,11 +33,15 @@
 //!
 //! # Layout
 //!
-//! - [`resp`]: the RESP2 codec; bytes in, values out, no I/O.
-//! - [`core`]: Redlock as plain data: quorum arithmetic, rounds of votes, scripts,
-//!   tokens. Time is passed in; nothing here reads a clock or a socket.
-//! - `driver` (private): the mio event loop, the only place with I/O.
-//! - [`Redlock`], [`Lock`], [`Error`]: the API.
+//! - [`Redlock`], [`Builder`], [`Settings`], [`Endpoint`], [`Lock`]: the API.
+//! - [`Error`] and its parts ([`Failure`], [`NodeReport`], [`Outcome`], [`NodeError`],
+//!   [`ConfigError`], [`ArgumentError`], [`OsError`]): what went wrong, where.
+//! - [`Limits`], [`MAX_RESOURCE`], [`MAX_TTL`], [`INLINE_RESOURCE`]: the bounds.
+//!
+//! Everything else is private: `resp` (the RESP2 codec), `core` (Redlock as plain data:
+//! quorum arithmetic, rounds of votes, scripts, tokens; time is passed in) and `driver`
+//! (the mio event loop, the only place with I/O). Benches and fuzz targets reach them
+//! through a hidden module that is not part of the API and may change in any release.
 //!
 //! # Guarantees and their limits
 //!
@@ -50,17 +54,34 @@
 #![forbid(unsafe_code)]
 
 mod config;
-pub mod core;
+mod core;
 mod driver;
 mod error;
 mod lock;
 mod redlock;
-pub mod resp;
+mod resp;
 
 pub use config::{Builder, Endpoint, Settings};
-pub use error::{ConfigError, Error, Failure, NodeError, NodeReport, Outcome, Phase};
+pub use error::{
+    ArgumentError, ConfigError, Error, Failure, NodeError, NodeReport, OsError, Outcome, Phase,
+};
 pub use lock::{INLINE_RESOURCE, Lock};
-pub use redlock::{MAX_RESOURCE, Redlock};
+pub use redlock::{MAX_RESOURCE, MAX_TTL, Redlock};
+pub use resp::{Limits, ProtocolError};
+
+/// Internals for this crate's benches, fuzz targets and tests. Not part of the API: no
+/// stability promise, may change in any release.
+#[doc(hidden)]
+pub mod __private {
+    /// The protocol as plain data.
+    pub mod core {
+        pub use crate::core::{budget, command, quorum, round, script, token};
+    }
+    /// The RESP2 codec.
+    pub mod resp {
+        pub use crate::resp::*;
+    }
+}
 
 /// The README's examples, compiled as doc tests.
 #[cfg(doctest)]

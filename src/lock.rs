@@ -34,6 +34,8 @@ pub struct Lock {
     token: Token,
     ttl: Duration,
     started: Instant,
+    /// When the acquire started: every SET or extend of this lock was written after it.
+    acquired: Instant,
     // INVARIANT: deadline = start of the operation that last set the keys + ttl − drift.
     deadline: Instant,
 }
@@ -51,8 +53,14 @@ impl Lock {
             token,
             ttl,
             started,
+            acquired: started,
             deadline,
         }
+    }
+
+    /// When the acquire started: no command of this lock was written before.
+    pub(crate) fn acquired(&self) -> Instant {
+        self.acquired
     }
 
     /// The locked resource (the Redis key), exactly as given.
@@ -109,7 +117,8 @@ impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock")
             .field("resource", &crate::error::Escaped(self.resource()))
-            .field("token", &self.token)
+            // A prefix to tell locks apart in logs; the whole token is a credential.
+            .field("token", &format_args!("{}…", &self.token.to_string()[..8]))
             .field("ttl", &self.ttl)
             .field("remaining", &self.remaining())
             .finish()

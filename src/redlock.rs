@@ -3,9 +3,9 @@
 use crate::config::{Builder, Settings};
 use crate::core::quorum::{deadline, drift, quorum, safe_span};
 use crate::core::round::{Decision, Kind, Round};
-use crate::core::token::TokenSource;
+use crate::core::token::{Token, TokenSource};
 use crate::driver::{Driver, Item, Request};
-use crate::error::{ConfigError, Error, Failure, NodeReport, Phase};
+use crate::error::{ArgumentError, Error, Failure, NodeReport, OsError, Phase};
 use crate::lock::Lock;
 use std::time::{Duration, Instant};
 
@@ -61,18 +61,15 @@ impl Redlock {
     }
 
     pub(crate) fn from_settings(settings: Settings) -> Result<Redlock, Error> {
-        let driver = Driver::new(&settings).map_err(|e| {
-            Error::Config(ConfigError::new(
-                "event loop",
-                e.to_string(),
-                "the OS refused to create an epoll instance",
-            ))
-        })?;
+        let tokens = TokenSource::from_os()
+            .map_err(|e| Error::Os(OsError::new("reading lock tokens from /dev/urandom", e)))?;
+        let driver = Driver::new(&settings)
+            .map_err(|e| Error::Os(OsError::new("creating the event queue (epoll)", e)))?;
         Ok(Redlock {
             settings,
             driver,
             round: Round::default(),
-            tokens: TokenSource::from_os(),
+            tokens,
             lost: Vec::new(),
             safe_ttl: (0, None),
         })
@@ -94,7 +91,9 @@ impl Redlock {
     ///
     /// The returned lock is valid for `ttl − elapsed − drift`; see [`Lock::remaining`].
     /// The error is that of the last attempt: [`Error::Taken`], [`Error::Unavailable`] or
-    /// [`Error::Expired`], with per-node detail.
+    /// [`Error::Expired`], with per-node detail. A `ttl` of zero, not longer than the drift
+    /// allowance or over [`MAX_TTL`], and an empty `resource` or one over [`MAX_RESOURCE`]
+    /// bytes, are [`Error::InvalidArgument`], with nothing sent.
     pub fn lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         let resource = resource.as_ref();
         let attempts = self.settings.retry_count.saturating_add(1);
@@ -102,9 +101,9 @@ impl Redlock {
         loop {
             match self.attempt(resource, ttl, attempt) {
                 Ok(lock) => return Ok(lock),
-                Err(e @ Error::Config(_)) => return Err(e),
-                Err(e) if attempt >= attempts => return Err(e),
-                Err(_) => {}
+                Err(Error::Taken(_) | Error::Unavailable(_) | Error::Expired(_))
+                    if attempt < attempts => {}
+                Err(e) => return Err(e),
             }
             let delay = self
                 .tokens
@@ -129,24 +128,17 @@ impl Redlock {
             self.safe_ttl = (ttl_ms, safe_span(whole_ms, self.settings.drift_factor));
         }
         let Some(safe) = self.safe_ttl.1 else {
-            // Such a lock could never be valid: say so instead of failing every attempt.
-            return Err(Error::Config(ConfigError::new(
-                "ttl",
-                format!("{ttl:?}"),
-                format!(
-                    "no longer than the clock-drift allowance ({:?}): the lock could never be valid",
-                    drift(whole_ms, self.settings.drift_factor)
-                ),
-            )));
+            return Err(self.ttl_within_drift(ttl));
         };
         let items = [Item {
             key: resource,
-            token: self.tokens.next_token(),
+            token: self.next_token()?,
         }];
         let req = Request {
             kind: Kind::Acquire,
             ttl_ms,
             items: &items,
+            written_since: None,
         };
         let start = self.driver.run(&mut self.round, &req);
         if let Some(end) = self.won_until(0, Some(safe), start) {
@@ -158,6 +150,26 @@ impl Redlock {
         self.lost.push(0);
         self.driver.release_lost(&items, &self.lost);
         Err(error)
+    }
+
+    #[inline]
+    fn next_token(&mut self) -> Result<Token, Error> {
+        self.tokens
+            .next_token()
+            .map_err(|e| Error::Os(OsError::new("reading lock tokens from /dev/urandom", e)))
+    }
+
+    /// Such a lock could never be valid: say so instead of failing every attempt.
+    #[cold]
+    fn ttl_within_drift(&self, ttl: Duration) -> Error {
+        Error::InvalidArgument(ArgumentError::new(
+            "ttl",
+            format!("{ttl:?}"),
+            format!(
+                "no longer than the clock-drift allowance ({:?}): the lock could never be valid",
+                drift(ttl, self.settings.drift_factor)
+            ),
+        ))
     }
 
     /// When `slot` was won in time: the lock's deadline (`start + safe`).
@@ -207,10 +219,14 @@ impl Redlock {
     /// `ttl − elapsed − drift` from this call's start. A lock that has already expired is
     /// [`Error::Expired`] at once. If the extend fails, the lock's deadline is moved
     /// earlier when nodes that did apply the new ttl could now expire sooner than before;
-    /// it is never moved later.
+    /// it is never moved later. A `ttl` out of range is [`Error::InvalidArgument`], as for
+    /// [`Redlock::lock`], with nothing sent.
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
         let ttl_ms = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(ttl_ms);
+        if safe_span(ttl, self.settings.drift_factor).is_none() {
+            return Err(self.ttl_within_drift(ttl));
+        }
         if !lock.is_valid() {
             return Err(Error::Expired(Failure {
                 op: Phase::Extend,
@@ -229,6 +245,7 @@ impl Redlock {
             kind: Kind::Extend,
             ttl_ms,
             items: &items,
+            written_since: None,
         };
         let start = self.driver.run(&mut self.round, &req);
         let new_deadline = deadline(start, ttl, self.settings.drift_factor);
@@ -274,7 +291,11 @@ impl Redlock {
     /// Releases the lock on every node with compare-and-delete, and returns on how many
     /// nodes our key was deleted.
     ///
-    /// Waits for every node that is not lagging, at most `node_timeout`. `Ok` means a
+    /// Waits for every node that is not lagging, at most `node_timeout`. A node that lags
+    /// (frozen, stalled) and still owes replies to this lock's SET or extend is sent the
+    /// compare-and-delete too, without waiting: Redis runs a connection's commands in
+    /// order, so when the node wakes the delete follows the stale write instead of
+    /// leaving a key behind for a whole ttl. `Ok` means a
     /// quorum of nodes answered (so the lock is certainly free, whatever the count); if
     /// fewer answered, [`Error::Unavailable`] says which did not — the keys there expire
     /// with the ttl. Unlocking twice, or after expiry, is harmless: it returns `Ok(0)`
@@ -288,6 +309,7 @@ impl Redlock {
             kind: Kind::Release,
             ttl_ms: 0,
             items: &items,
+            written_since: Some(lock.acquired()),
         };
         let start = self.driver.run(&mut self.round, &req);
         self.settle_release(&items[0], 0, start)
@@ -354,15 +376,24 @@ impl Redlock {
     ) {
         let whole = Duration::from_millis(ttl_ms);
         let safe = safe_span(whole, self.settings.drift_factor);
-        let items: Vec<Item<'_>> = resources
-            .iter()
-            .map(AsRef::as_ref)
-            .filter(|r| check_resource(r).is_ok())
-            .map(|key| Item {
-                key,
-                token: self.tokens.next_token(),
-            })
-            .collect();
+        if safe.is_none() {
+            let e = self.ttl_within_drift(whole);
+            results.extend(resources.iter().map(|_| Err(e.clone())));
+            return;
+        }
+        let mut items: Vec<Item<'_>> = Vec::with_capacity(resources.len());
+        for key in resources.iter().map(AsRef::as_ref) {
+            if check_resource(key).is_err() {
+                continue;
+            }
+            match self.next_token() {
+                Ok(token) => items.push(Item { key, token }),
+                Err(e) => {
+                    results.extend(resources.iter().map(|_| Err(e.clone())));
+                    return;
+                }
+            }
+        }
         let start = if items.is_empty() {
             Instant::now()
         } else {
@@ -370,6 +401,7 @@ impl Redlock {
                 kind: Kind::Acquire,
                 ttl_ms,
                 items: &items,
+                written_since: None,
             };
             self.driver.run(&mut self.round, &req)
         };
@@ -409,6 +441,7 @@ impl Redlock {
                 kind: Kind::Release,
                 ttl_ms: 0,
                 items: &items,
+                written_since: batch.iter().map(Lock::acquired).min(),
             };
             let start = self.driver.run(&mut self.round, &req);
             for (slot, item) in items.iter().enumerate() {
@@ -475,41 +508,52 @@ fn batch_len<R: AsRef<[u8]>>(resources: &[R]) -> usize {
     resources.len()
 }
 
+/// Longest ttl accepted: a day. Longer jobs hold a shorter lock and extend it.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// A resource name is one to `MAX_RESOURCE` bytes. An empty name is refused: it is almost
+/// always an unset variable, and every such caller would contend for the same key.
 #[inline]
 fn check_resource(resource: &[u8]) -> Result<(), Error> {
-    if resource.len() > MAX_RESOURCE {
-        return Err(resource_too_long(resource.len()));
+    if resource.is_empty() || resource.len() > MAX_RESOURCE {
+        return Err(bad_resource(resource.len()));
     }
     Ok(())
 }
 
 #[cold]
-fn resource_too_long(len: usize) -> Error {
-    Error::Config(ConfigError::new(
+fn bad_resource(len: usize) -> Error {
+    let problem = if len == 0 {
+        "empty: name the resource to lock".to_string()
+    } else {
+        format!("longer than MAX_RESOURCE ({MAX_RESOURCE} bytes)")
+    };
+    Error::InvalidArgument(ArgumentError::new(
         "resource",
         format!("{len} bytes"),
-        format!("longer than {MAX_RESOURCE} bytes"),
+        problem,
     ))
 }
 
-/// The ttl in whole milliseconds, as `PX` takes it.
+/// The ttl in whole milliseconds, as `PX` takes it: 1 ms to [`MAX_TTL`].
 fn ttl_millis(ttl: Duration) -> Result<u64, Error> {
-    // In u64: no u128 arithmetic on the hot path. `None` is past u64 milliseconds.
+    // In u64: no u128 arithmetic on the hot path.
     let ms = ttl
         .as_secs()
-        .checked_mul(1000)
-        .and_then(|ms| ms.checked_add(u64::from(ttl.subsec_millis())));
-    match ms {
-        Some(0) => Err(Error::Config(ConfigError::new(
-            "ttl",
-            format!("{ttl:?}"),
-            "must be at least 1 ms",
-        ))),
-        Some(ms) if ms <= i64::MAX as u64 / 1000 => Ok(ms),
-        _ => Err(Error::Config(ConfigError::new(
-            "ttl",
-            format!("{ttl:?}"),
-            "is too large",
-        ))),
+        .saturating_mul(1000)
+        .saturating_add(u64::from(ttl.subsec_millis()));
+    if ms == 0 || ttl > MAX_TTL {
+        return Err(bad_ttl(ttl));
     }
+    Ok(ms)
+}
+
+#[cold]
+fn bad_ttl(ttl: Duration) -> Error {
+    let problem = if ttl < Duration::from_millis(1) {
+        "must be at least 1 ms".to_string()
+    } else {
+        format!("longer than MAX_TTL ({MAX_TTL:?}): hold a shorter lock and extend it")
+    };
+    Error::InvalidArgument(ArgumentError::new("ttl", format!("{ttl:?}"), problem))
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 const TTL: Duration = Duration::from_secs(10);
 const MARGIN: Duration = Duration::from_secs(1);
-/// SHA1 of the release script (`quorumlock::core::script::RELEASE_SHA`).
+/// SHA1 of the release script (`quorumlock::__private::core::script::RELEASE_SHA`).
 const RELEASE_SHA: &str = "b70c2384248f88e6b75b9f89241a180f856ad852";
 
 fn client(urls: &[String], node_timeout: Duration) -> Redlock {
@@ -168,7 +168,10 @@ fn three_of_five_frozen_is_unavailable_without_hanging() {
     }
     for i in [1, 3] {
         assert!(
-            matches!(outcome(f, i), Outcome::Locked | Outcome::NoReply),
+            matches!(
+                outcome(f, i),
+                Outcome::Locked | Outcome::NoReply | Outcome::NotNeeded
+            ),
             "healthy node {i}: {err}"
         );
     }
@@ -810,7 +813,8 @@ fn extend_after_another_client_took_over_is_expired() {
         panic!("wrong error kind: {err:?}");
     };
     assert_eq!(f.op, Phase::Extend);
-    assert!(f.count(|o| *o == Outcome::Held) >= 3, "{err}");
+    // An extend's "no" means "this token is not there": B's key, not ours.
+    assert!(f.count(|o| *o == Outcome::NotHeld) >= 3, "{err}");
     assert_eq!(f.count(|o| *o == Outcome::Locked), 0, "{err}");
     assert_eq!(
         holders(&cluster, &all, "takeover"),

@@ -72,7 +72,7 @@ fn resp_roundtrip_corpus() {
 /// depended on how the bytes arrived. Now a lone LF is refused wherever it is.
 #[test]
 fn a_lone_lf_in_a_line_is_refused_at_every_split() {
-    use quorumlock::resp::{Limits, ProtocolError, decode};
+    use quorumlock::__private::resp::{Limits, ProtocolError, decode};
     let limits = Limits::default();
     for input in [&b"+\n\r\n"[..], b"+\n\r", b"+\n", b"-x\ny\r\n"] {
         assert_eq!(

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{Cluster, NodeOptions, wait_until};
-use quorumlock::{Error, Outcome, Redlock};
+use quorumlock::{Error, Lock, Outcome, Redlock};
 use std::time::{Duration, Instant};
 
 fn client(cluster: &Cluster) -> Redlock {
@@ -180,13 +180,7 @@ fn stale_lock_release_never_deletes_the_new_holders_key() {
 fn binary_resource_names_are_exact() {
     let cluster = Cluster::start(3);
     let mut rl = client(&cluster);
-    let names: [&[u8]; 5] = [
-        b"a\r\nb",
-        b"\0\0\x01",
-        b"\xff\xfe non-utf8",
-        b"",
-        &[b'x'; 300],
-    ];
+    let names: [&[u8]; 4] = [b"a\r\nb", b"\0\0\x01", b"\xff\xfe non-utf8", &[b'x'; 300]];
     for name in names {
         let lock = rl.try_lock(name, Duration::from_secs(5)).unwrap();
         assert_eq!(lock.resource(), name);
@@ -315,12 +309,12 @@ fn script_digests_match_what_redis_computes() {
     let mut admin = cluster.node(0).admin();
     for (body, sha) in [
         (
-            quorumlock::core::script::RELEASE,
-            quorumlock::core::script::RELEASE_SHA,
+            quorumlock::__private::core::script::RELEASE,
+            quorumlock::__private::core::script::RELEASE_SHA,
         ),
         (
-            quorumlock::core::script::EXTEND,
-            quorumlock::core::script::EXTEND_SHA,
+            quorumlock::__private::core::script::EXTEND,
+            quorumlock::__private::core::script::EXTEND_SHA,
         ),
     ] {
         let reply = admin.cmd(&[&b"SCRIPT"[..], b"LOAD", body]);
@@ -405,12 +399,10 @@ fn every_config_error_names_the_setting_before_connecting() {
             "drift_factor",
         ),
         (
-            Redlock::builder()
-                .nodes([ok])
-                .limits(quorumlock::resp::Limits {
-                    max_bulk_len: 1,
-                    ..Default::default()
-                }),
+            Redlock::builder().nodes([ok]).limits(quorumlock::Limits {
+                max_bulk_len: 1,
+                ..Default::default()
+            }),
             "limits",
         ),
     ];
@@ -423,17 +415,31 @@ fn every_config_error_names_the_setting_before_connecting() {
             other => panic!("{setting}: expected a Config error, got {other:?}"),
         }
     }
-    // A ttl below the PX resolution is a Config error at call time.
+    // Arguments of a call are not configuration: a ttl below the PX resolution, one the
+    // drift allowance (2 ms + 1 %) would eat whole, one over MAX_TTL, and an empty or
+    // oversized resource name are InvalidArgument at call time, for every operation.
     let mut rl = Redlock::builder().nodes([ok]).build().unwrap();
-    assert!(matches!(
-        rl.try_lock("x", Duration::from_micros(10)),
-        Err(Error::Config(_))
-    ));
-    // So is a ttl the drift allowance (2 ms + 1 %) would eat whole.
-    assert!(matches!(
-        rl.lock("x", Duration::from_millis(2)),
-        Err(Error::Config(c)) if c.setting == "ttl"
-    ));
+    let invalid = |r: Result<Lock, Error>, argument: &str| match r {
+        Err(Error::InvalidArgument(a)) => {
+            assert_eq!(a.argument, argument, "{a}");
+            assert!(!a.problem.is_empty());
+        }
+        other => panic!("{argument}: expected InvalidArgument, got {other:?}"),
+    };
+    invalid(rl.try_lock("x", Duration::from_micros(10)), "ttl");
+    invalid(rl.try_lock("x", Duration::ZERO), "ttl");
+    invalid(rl.lock("x", Duration::from_millis(2)), "ttl");
+    invalid(
+        rl.lock("x", quorumlock::MAX_TTL + Duration::from_secs(1)),
+        "ttl",
+    );
+    invalid(rl.lock("x", Duration::MAX), "ttl");
+    invalid(rl.try_lock("", Duration::from_secs(1)), "resource");
+    let long = vec![b'r'; quorumlock::MAX_RESOURCE + 1];
+    invalid(rl.try_lock(&long, Duration::from_secs(1)), "resource");
+    for r in rl.try_lock_many(&["a", ""], Duration::ZERO) {
+        invalid(r, "ttl");
+    }
 }
 
 #[test]
@@ -511,7 +517,11 @@ fn large_batches_are_split_into_rounds_and_oversized_names_refused() {
     names.insert(7, vec![b'x'; quorumlock::MAX_RESOURCE + 1]);
     let results = rl.try_lock_many(&names, Duration::from_secs(10));
     assert_eq!(results.len(), names.len());
-    assert!(matches!(&results[7], Err(Error::Config(c)) if c.setting == "resource"));
+    assert!(
+        matches!(&results[7], Err(Error::InvalidArgument(a)) if a.argument == "resource"),
+        "{:?}",
+        results[7]
+    );
     let held: Vec<_> = results.into_iter().filter_map(Result::ok).collect();
     assert_eq!(held.len(), 2500);
     // Each batch decides at a quorum of 2: the third node may still be working through
@@ -530,5 +540,5 @@ fn large_batches_are_split_into_rounds_and_oversized_names_refused() {
         vec![b'y'; quorumlock::MAX_RESOURCE + 1],
         Duration::from_secs(1),
     );
-    assert!(matches!(err, Err(Error::Config(_))));
+    assert!(matches!(err, Err(Error::InvalidArgument(_))));
 }

@@ -10,8 +10,8 @@
 #![allow(dead_code)]
 
 use arbitrary::{Arbitrary, Unstructured};
-use quorumlock::resp::encode;
-use quorumlock::resp::{Limits, MAX_DEPTH, ProtocolError, Reply, Value, decode};
+use quorumlock::__private::resp::encode;
+use quorumlock::__private::resp::{Limits, MAX_DEPTH, ProtocolError, Reply, Value, decode};
 
 /// Inputs (or replies) up to this many bytes are also re-parsed at every split point.
 /// Quadratic, so bounded to keep the fuzzer fast.

@@ -131,6 +131,10 @@ fn main() -> ExitCode {
                 let _ = rl.unlock(&lock);
                 ExitCode::SUCCESS
             }
+            Err(e @ (Error::Config(_) | Error::InvalidArgument(_))) => {
+                eprintln!("quorumlock: {e}");
+                ExitCode::from(EX_USAGE)
+            }
             Err(e) => {
                 println!("{e}");
                 ExitCode::from(EX_TEMPFAIL)
@@ -143,7 +147,7 @@ fn main() -> ExitCode {
 fn run(rl: &mut Redlock, resource: &str, command: &[String], ttl: Duration) -> ExitCode {
     let mut lock = match rl.lock(resource, ttl) {
         Ok(lock) => lock,
-        Err(e @ Error::Config(_)) => {
+        Err(e @ (Error::Config(_) | Error::InvalidArgument(_))) => {
             eprintln!("quorumlock: {e}");
             return ExitCode::from(EX_USAGE);
         }

@@ -24,7 +24,7 @@
 //!
 //! ```
 //! use std::time::{Duration, Instant};
-//! use quorumlock::core::budget::WaitBudget;
+//! use quorumlock::__private::core::budget::WaitBudget;
 //!
 //! let start = Instant::now();
 //! let mut budget = WaitBudget::new(start, Duration::from_millis(80));

@@ -18,8 +18,8 @@ use super::token::Token;
 /// # Example
 ///
 /// ```
-/// use quorumlock::core::command::{Cmd, Frame};
-/// use quorumlock::core::token::Token;
+/// use quorumlock::__private::core::command::{Cmd, Frame};
+/// use quorumlock::__private::core::token::Token;
 ///
 /// let mut frame = Frame::default();
 /// frame.push(Cmd::Acquire { ttl_ms: 10_000 }, b"orders:42", &Token::from_bits(1));
@@ -51,8 +51,8 @@ pub enum Cmd {
 /// # Example
 ///
 /// ```
-/// use quorumlock::core::command::acquire;
-/// use quorumlock::core::token::Token;
+/// use quorumlock::__private::core::command::acquire;
+/// use quorumlock::__private::core::token::Token;
 ///
 /// let mut out = Vec::new();
 /// acquire(&mut out, b"k", &Token::from_bits(1), 500);
@@ -69,9 +69,9 @@ pub fn acquire(out: &mut Vec<u8>, key: &[u8], token: &Token, ttl_ms: u64) {
 /// # Example
 ///
 /// ```
-/// use quorumlock::core::command::release;
-/// use quorumlock::core::script::RELEASE_SHA;
-/// use quorumlock::core::token::Token;
+/// use quorumlock::__private::core::command::release;
+/// use quorumlock::__private::core::script::RELEASE_SHA;
+/// use quorumlock::__private::core::token::Token;
 ///
 /// let mut out = Vec::new();
 /// release(&mut out, b"k", &Token::from_bits(1), true);
@@ -88,8 +88,8 @@ pub fn release(out: &mut Vec<u8>, key: &[u8], token: &Token, by_sha: bool) {
 /// # Example
 ///
 /// ```
-/// use quorumlock::core::command::extend;
-/// use quorumlock::core::token::Token;
+/// use quorumlock::__private::core::command::extend;
+/// use quorumlock::__private::core::token::Token;
 ///
 /// let mut out = Vec::new();
 /// extend(&mut out, b"k", &Token::from_bits(1), 30_000, false);
@@ -106,8 +106,8 @@ pub fn extend(out: &mut Vec<u8>, key: &[u8], token: &Token, ttl_ms: u64, by_sha:
 /// # Example
 ///
 /// ```
-/// use quorumlock::core::command::{encode, release, Cmd};
-/// use quorumlock::core::token::Token;
+/// use quorumlock::__private::core::command::{encode, release, Cmd};
+/// use quorumlock::__private::core::token::Token;
 ///
 /// let token = Token::from_bits(3);
 /// let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -127,8 +127,8 @@ pub fn encode(out: &mut Vec<u8>, cmd: Cmd, key: &[u8], token: &Token) {
 /// # Example
 ///
 /// ```
-/// use quorumlock::core::command::{Cmd, Frame};
-/// use quorumlock::core::token::Token;
+/// use quorumlock::__private::core::command::{Cmd, Frame};
+/// use quorumlock::__private::core::token::Token;
 ///
 /// let mut frame = Frame::default();
 /// frame.push(Cmd::Release { by_sha: true }, b"a", &Token::from_bits(1));
@@ -414,8 +414,8 @@ impl Writer<'_> {
 /// # Example
 ///
 /// ```
-/// use quorumlock::core::command::{evalsha_to_eval, release};
-/// use quorumlock::core::token::Token;
+/// use quorumlock::__private::core::command::{evalsha_to_eval, release};
+/// use quorumlock::__private::core::token::Token;
 ///
 /// let token = Token::from_bits(7);
 /// let (mut by_sha, mut by_script, mut rewritten) = (Vec::new(), Vec::new(), Vec::new());

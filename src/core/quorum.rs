@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 /// # Example
 ///
 /// ```
-/// assert_eq!(quorumlock::core::quorum::quorum(5), 3);
-/// assert_eq!(quorumlock::core::quorum::quorum(4), 3);
-/// assert_eq!(quorumlock::core::quorum::quorum(1), 1);
+/// assert_eq!(quorumlock::__private::core::quorum::quorum(5), 3);
+/// assert_eq!(quorumlock::__private::core::quorum::quorum(4), 3);
+/// assert_eq!(quorumlock::__private::core::quorum::quorum(1), 1);
 /// ```
 pub const fn quorum(n: usize) -> usize {
     n / 2 + 1
@@ -22,7 +22,7 @@ pub const fn quorum(n: usize) -> usize {
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::core::quorum::drift;
+/// use quorumlock::__private::core::quorum::drift;
 ///
 /// assert_eq!(drift(Duration::from_secs(10), 0.01), Duration::from_millis(102));
 /// ```
@@ -50,7 +50,7 @@ pub fn deadline(start: Instant, ttl: Duration, drift_factor: f64) -> Option<Inst
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::core::quorum::safe_span;
+/// use quorumlock::__private::core::quorum::safe_span;
 ///
 /// assert_eq!(safe_span(Duration::from_secs(10), 0.01), Some(Duration::from_millis(9_898)));
 /// assert_eq!(safe_span(Duration::from_millis(2), 0.0), None);

@@ -8,7 +8,8 @@
 //!
 //! - Each (slot, node) pair votes at most once. A vote is one of: yes (`Locked`,
 //!   `Released`), no (`Held`, `NotHeld`), or failed (`NoReply`, `Failed`). Later replies
-//!   for a decided pair are ignored.
+//!   for a decided pair are ignored. A node still pending when its slot was decided is
+//!   reported `NotNeeded`: not waited for, not a failure.
 //! - Acquire and extend decide per slot as soon as the votes allow: `yes ≥ quorum` is
 //!   `Won`; `no > n − quorum` is `Taken` (others hold it: no quorum can exist);
 //!   `no + failed > n − quorum` is `Unavailable`. Waiting for the slow minority after
@@ -80,8 +81,8 @@ pub enum Reaction<'a> {
 /// # Example
 ///
 /// ```
-/// use quorumlock::core::round::{interpret, Kind, Reaction};
-/// use quorumlock::resp::Reply;
+/// use quorumlock::__private::core::round::{interpret, Kind, Reaction};
+/// use quorumlock::__private::resp::Reply;
 ///
 /// assert_eq!(interpret(Kind::Acquire, &Reply::Simple(b"OK")), Reaction::Yes);
 /// assert_eq!(interpret(Kind::Acquire, &Reply::Bulk(None)), Reaction::No);
@@ -115,7 +116,7 @@ pub fn interpret<'a>(kind: Kind, reply: &Reply<'a>) -> Reaction<'a> {
 /// # Example
 ///
 /// ```
-/// use quorumlock::core::round::{quick_vote, Kind};
+/// use quorumlock::__private::core::round::{quick_vote, Kind};
 ///
 /// assert_eq!(quick_vote(Kind::Acquire, b"+OK\r\n:1\r\n"), Some((true, 5)));
 /// assert_eq!(quick_vote(Kind::Release, b":0\r\n"), Some((false, 4)));
@@ -165,7 +166,7 @@ struct Slot {
 ///
 /// ```
 /// use std::time::Instant;
-/// use quorumlock::core::round::{Decision, Kind, Round};
+/// use quorumlock::__private::core::round::{Decision, Kind, Round};
 /// use quorumlock::Outcome;
 ///
 /// let mut round = Round::default();
@@ -297,8 +298,9 @@ impl Round {
             Vote::Pending => None,
             Vote::Yes if release => Some(Outcome::Released),
             Vote::Yes => Some(Outcome::Locked),
-            Vote::No if release => Some(Outcome::NotHeld),
-            Vote::No => Some(Outcome::Held),
+            Vote::No if self.kind == Some(Kind::Acquire) => Some(Outcome::Held),
+            // A script's 0: the key is gone or holds another token.
+            Vote::No => Some(Outcome::NotHeld),
             Vote::Failed => self
                 .failures
                 .iter()
@@ -307,14 +309,18 @@ impl Round {
         }
     }
 
-    /// The votes for `slot`, by node; pending ones read as `NoReply`.
+    /// The votes for `slot`, by node; pending ones read as `NotNeeded` (the slot was
+    /// decided without them: a timeout records `NoReply` for every pending vote).
     pub fn outcomes(&self, slot: usize) -> impl Iterator<Item = Outcome> + '_ {
-        (0..self.nodes).map(move |node| self.vote(node, slot).unwrap_or(Outcome::NoReply))
+        (0..self.nodes).map(move |node| self.vote(node, slot).unwrap_or(Outcome::NotNeeded))
     }
 
     /// Records `node`'s vote for `slot`. A second vote for the same pair is ignored.
     #[inline]
     pub fn record(&mut self, node: usize, slot: usize, outcome: Outcome) {
+        if outcome == Outcome::NotNeeded {
+            return; // not a vote: what a pending one reads as once the slot is decided
+        }
         let index = slot * self.nodes + node;
         let Some(vote) = self.votes.get_mut(index) else {
             return;
@@ -333,7 +339,7 @@ impl Round {
                 t.no += 1;
                 Vote::No
             }
-            Outcome::NoReply | Outcome::Failed(_) => {
+            Outcome::NoReply | Outcome::Failed(_) | Outcome::NotNeeded => {
                 t.failed += 1;
                 self.failures.push((index, outcome));
                 Vote::Failed

@@ -2,15 +2,15 @@
 //!
 //! # Invariants
 //!
-//! - Two generators, each seeded with 64 bits read once from `/dev/urandom`, give the
-//!   two halves of every token, so the generator state is 128 bits and two processes (or
-//!   two clients in one process) collide only if all 128 seed bits do.
-//! - Making a token never allocates and never makes a system call.
-//! - A generator must not be shared across `fork()`: parent and child would draw the
-//!   same sequence. Build a new client in the child.
+//! - Every token is 128 bits straight from the OS CSPRNG (`/dev/urandom`), read in
+//!   blocks: a token is a credential, so no non-cryptographic generator and no
+//!   time- or pid-based fallback ever makes one.
+//! - Making a token never allocates; one system call in 64 tokens refills the block.
+//! - A source must not be shared across `fork()`: parent and child would hand out the
+//!   same unused bytes. Build a new client in the child.
 
 use std::fmt;
-use std::io::Read;
+use std::io::{self, Read};
 
 /// One lock value: unique per lock request, what release and extend compare against.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -27,7 +27,7 @@ impl Token {
     /// # Example
     ///
     /// ```
-    /// use quorumlock::core::token::Token;
+    /// use quorumlock::__private::core::token::Token;
     ///
     /// let token = Token::from_bits(u128::MAX);
     /// assert_eq!(token.as_array(), &[b'f'; 32]);
@@ -41,7 +41,7 @@ impl Token {
     /// # Example
     ///
     /// ```
-    /// use quorumlock::core::token::Token;
+    /// use quorumlock::__private::core::token::Token;
     ///
     /// assert_eq!(Token::from_bits(0xab).as_bytes(), b"000000000000000000000000000000ab");
     /// ```
@@ -85,53 +85,114 @@ impl fmt::Display for Token {
     }
 }
 
-/// Source of tokens (and of retry jitter), seeded from OS entropy.
+/// Tokens read in one `read` from the OS random source: 64 tokens, so the system call
+/// is paid once per 64 locks, not once per lock.
+const BLOCK: usize = 64 * 16;
+
+/// Source of tokens (and of retry jitter).
+///
+/// Every token is 128 bits read from the operating system's CSPRNG (`/dev/urandom`), in
+/// blocks of 1 KiB that are handed out 16 bytes at a time: a token is a credential
+/// (whoever can predict it can release or extend the lock), so it never comes from a
+/// seeded non-cryptographic generator, and there is no time- or pid-based fallback: if
+/// the OS source cannot be read, [`TokenSource::from_os`] and
+/// [`TokenSource::next_token`] say so. Retry jitter, which needs no secrecy, comes from
+/// `fastrand`.
+///
+/// Bytes already read are not shared with a `fork()`ed child only if the child builds
+/// its own client: a source copied across `fork()` would hand out the same tokens in
+/// parent and child.
 ///
 /// # Example
 ///
 /// ```
-/// use quorumlock::core::token::TokenSource;
+/// use quorumlock::__private::core::token::TokenSource;
 ///
-/// let mut source = TokenSource::from_os();
-/// let (a, b) = (source.next_token(), source.next_token());
+/// let mut source = TokenSource::from_os()?;
+/// let (a, b) = (source.next_token()?, source.next_token()?);
 /// assert_ne!(a, b);
 /// assert_eq!(a.as_bytes().len(), 32);
+/// # Ok::<(), std::io::Error>(())
 /// ```
-#[derive(Debug)]
 pub struct TokenSource {
-    high: fastrand::Rng,
-    low: fastrand::Rng,
+    entropy: Entropy,
+    block: Box<[u8; BLOCK]>,
+    // INVARIANT: used <= BLOCK; block[used..] has not been handed out.
+    used: usize,
+    jitter: fastrand::Rng,
+}
+
+enum Entropy {
+    /// `/dev/urandom`, kept open: a process that later loses `/dev` (a chroot, a
+    /// sandbox) can still make tokens.
+    Os(std::fs::File),
+    /// A seeded generator, for tests and simulations only: predictable by design.
+    Seeded(fastrand::Rng),
+}
+
+impl fmt::Debug for TokenSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the unused bytes: they are the next tokens.
+        let kind = match self.entropy {
+            Entropy::Os(_) => "os",
+            Entropy::Seeded(_) => "seeded",
+        };
+        f.debug_struct("TokenSource")
+            .field("entropy", &kind)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TokenSource {
-    /// Seeds from 16 bytes of `/dev/urandom`. If that cannot be read (no `/dev`, a
-    /// sandbox), falls back to mixing the time, the process id and address-space layout
-    /// into the seed; unique in practice, but not unpredictable.
-    pub fn from_os() -> TokenSource {
-        let mut seed = [0u8; 16];
-        let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut seed));
-        if read.is_err() {
-            seed = fallback_seed();
-        }
-        let (high, low) = seed.split_at(8);
-        TokenSource::from_seed(
-            u64::from_le_bytes(high.try_into().unwrap_or_default()),
-            u64::from_le_bytes(low.try_into().unwrap_or_default()),
-        )
+    /// Opens the OS random source and reads the first block, so that a machine without
+    /// one fails here, when the client is built, not at the first lock.
+    pub fn from_os() -> io::Result<TokenSource> {
+        let file = std::fs::File::open("/dev/urandom")?;
+        let mut source = TokenSource {
+            entropy: Entropy::Os(file),
+            block: Box::new([0; BLOCK]),
+            used: BLOCK,
+            jitter: fastrand::Rng::new(),
+        };
+        source.refill()?;
+        Ok(source)
     }
 
-    /// A deterministic source, for tests and simulations.
+    /// A deterministic source, for tests and simulations. Its tokens are predictable:
+    /// never use it to lock anything real.
     pub fn from_seed(high: u64, low: u64) -> TokenSource {
         TokenSource {
-            high: fastrand::Rng::with_seed(high),
-            low: fastrand::Rng::with_seed(low ^ 0x9e37_79b9_7f4a_7c15),
+            entropy: Entropy::Seeded(fastrand::Rng::with_seed(high)),
+            block: Box::new([0; BLOCK]),
+            used: BLOCK,
+            jitter: fastrand::Rng::with_seed(low ^ 0x9e37_79b9_7f4a_7c15),
         }
     }
 
-    /// The next token.
-    pub fn next_token(&mut self) -> Token {
-        let bits = (u128::from(self.high.u64(..)) << 64) | u128::from(self.low.u64(..));
-        Token::from_bits(bits)
+    /// The next token: 16 bytes of the current block, a new block when it is used up.
+    #[inline]
+    pub fn next_token(&mut self) -> io::Result<Token> {
+        if self.used == BLOCK {
+            self.refill()?;
+        }
+        let bytes = self.block[self.used..self.used + 16]
+            .try_into()
+            .unwrap_or([0; 16]);
+        // Each byte is handed out once: wipe it, so a copy of the source made later
+        // (a core dump, a `Debug` added by mistake) does not hold tokens in use.
+        self.block[self.used..self.used + 16].fill(0);
+        self.used += 16;
+        Ok(Token::from_bits(u128::from_le_bytes(bytes)))
+    }
+
+    #[cold]
+    fn refill(&mut self) -> io::Result<()> {
+        match &mut self.entropy {
+            Entropy::Os(file) => file.read_exact(&mut self.block[..])?,
+            Entropy::Seeded(rng) => rng.fill(&mut self.block[..]),
+        }
+        self.used = 0;
+        Ok(())
     }
 
     /// A random duration in `[center − spread, center + spread]` (never below zero),
@@ -144,19 +205,8 @@ impl TokenSource {
         let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let lo = micros(center.saturating_sub(spread));
         let hi = micros(center.saturating_add(spread));
-        std::time::Duration::from_micros(self.low.u64(lo..=hi))
+        std::time::Duration::from_micros(self.jitter.u64(lo..=hi))
     }
-}
-
-fn fallback_seed() -> [u8; 16] {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let local = 0u8;
-    let addr = &local as *const u8 as usize as u128;
-    let mixed = now ^ (u128::from(std::process::id()) << 64) ^ addr.rotate_left(32);
-    mixed.to_le_bytes()
 }
 
 #[cfg(test)]
@@ -167,10 +217,11 @@ mod tests {
 
     #[test]
     fn tokens_are_hex_and_distinct() {
-        let mut source = TokenSource::from_os();
+        let mut source = TokenSource::from_os().unwrap();
         let mut seen = HashSet::new();
+        // Many blocks: refills must hand out fresh bytes, never a wiped or repeated block.
         for _ in 0..10_000 {
-            let t = source.next_token();
+            let t = source.next_token().unwrap();
             assert!(
                 t.as_bytes()
                     .iter()
@@ -183,8 +234,8 @@ mod tests {
     #[test]
     fn two_sources_from_the_os_differ() {
         assert_ne!(
-            TokenSource::from_os().next_token(),
-            TokenSource::from_os().next_token()
+            TokenSource::from_os().unwrap().next_token().unwrap(),
+            TokenSource::from_os().unwrap().next_token().unwrap()
         );
     }
 
@@ -196,10 +247,8 @@ mod tests {
         );
         assert_eq!(Token::from_bits(u128::MAX).as_bytes(), &[b'f'; 32]);
         // Against the obvious formatting, over every nibble value in every position.
-        let mut source = TokenSource::from_seed(3, 4);
-        let mut bits: Vec<u128> = (0..5000)
-            .map(|_| (u128::from(source.high.u64(..)) << 64) | u128::from(source.low.u64(..)))
-            .collect();
+        let mut rng = fastrand::Rng::with_seed(3);
+        let mut bits: Vec<u128> = (0..5000).map(|_| rng.u128(..)).collect();
         for pos in 0..32 {
             for d in 0..16u128 {
                 bits.push(d << (4 * pos));
@@ -212,6 +261,24 @@ mod tests {
                 format!("{b:032x}").as_bytes()
             );
         }
+    }
+
+    #[test]
+    fn a_token_is_the_os_bytes_in_order_and_none_repeats_across_refills() {
+        let mut seeded = TokenSource::from_seed(7, 8);
+        let mut expected = [0u8; BLOCK * 3];
+        fastrand::Rng::with_seed(7).fill(&mut expected);
+        for chunk in expected.chunks(16) {
+            let bits = u128::from_le_bytes(chunk.try_into().unwrap());
+            assert_eq!(seeded.next_token().unwrap(), Token::from_bits(bits));
+        }
+    }
+
+    #[test]
+    fn debug_never_shows_unused_entropy() {
+        let source = TokenSource::from_os().unwrap();
+        let shown = format!("{source:?}");
+        assert_eq!(shown, "TokenSource { entropy: \"os\", .. }");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::config::{Address, Endpoint};
 use crate::core::round::{Kind, quick_vote};
 use crate::error::NodeError;
 use crate::resp::encode::command;
-use crate::resp::{Limits, ProtocolError, Reply, decode};
+use crate::resp::{Limits, Progress, ProtocolError, Reply, decode_resume};
 use bytes::{Buf, BytesMut};
 use mio::net::{TcpStream, UnixStream};
 use mio::{Interest, Registry, Token};
@@ -108,6 +108,9 @@ pub(crate) struct NodeConn {
     // INVARIANT: head <= tail <= inbox.len()
     head: usize,
     tail: usize,
+    /// Where parsing of the reply at `head` stopped, if it was incomplete.
+    // INVARIANT: cleared whenever `head` moves or the inbox is dropped.
+    progress: Progress,
     pub pending: Fifo<Expect>,
     backoff: Duration,
     retry_at: Instant,
@@ -137,6 +140,7 @@ impl NodeConn {
             inbox: vec![0; INBOX],
             head: 0,
             tail: 0,
+            progress: Progress::default(),
             pending: Fifo::new(),
             backoff: Duration::ZERO,
             retry_at: now,
@@ -158,13 +162,44 @@ impl NodeConn {
         connect_timeout: Duration,
         max_backoff: Duration,
     ) {
+        // The handshake is part of connecting: a host that accepts the TCP connection but
+        // never answers PING (a silent service, a frozen server) has not connected.
+        let connecting = self.state == State::Connecting || self.handshaking();
         match self.state {
             State::Down if now >= self.retry_at => self.connect(registry, now, max_backoff),
-            State::Connecting if now.duration_since(self.connect_started) > connect_timeout => {
+            State::Connecting | State::Ready
+                if connecting
+                    && now.saturating_duration_since(self.connect_started) > connect_timeout =>
+            {
                 self.fail(registry, NodeError::ConnectTimeout, now, max_backoff)
             }
             _ => {}
         }
+    }
+
+    /// The handshake (AUTH, SELECT, PING) is not answered yet.
+    #[inline]
+    pub fn handshaking(&self) -> bool {
+        matches!(
+            self.pending.front(),
+            Some(Expect {
+                kind: Expected::Status(_),
+                ..
+            })
+        )
+    }
+
+    /// Still owes the reply to a SET or an extend written at or after `since`: such a
+    /// command may yet apply when the node answers.
+    pub fn owes_write_since(&self, since: Instant) -> bool {
+        self.pending.iter().any(|e| {
+            e.sent_at >= since && matches!(e.kind, Expected::Command(Kind::Acquire | Kind::Extend))
+        })
+    }
+
+    /// The bytes received and not yet parsed (for error reports).
+    pub fn unparsed(&self) -> &[u8] {
+        &self.inbox[self.head..self.tail]
     }
 
     /// Why the node is down, for reports.
@@ -273,7 +308,8 @@ impl NodeConn {
         if !self.outbox.is_empty() {
             self.read(&Limits::default(), true)?;
             if self.tail > self.head {
-                return Err(NodeError::UnexpectedReply("data before any command"));
+                // A Redis server never speaks first; an SSH or SMTP server does.
+                return Err(NodeError::not_redis(self.unparsed()));
             }
         }
         self.state = State::Ready;
@@ -438,13 +474,18 @@ impl NodeConn {
         Ok(())
     }
 
-    /// The next complete reply in the inbox and its length, without consuming it.
+    /// The next complete reply in the inbox and its length, without consuming it. An
+    /// incomplete reply is resumed where the last call stopped (see `decode_resume`).
     #[inline]
-    pub fn peek(&self, limits: &Limits) -> Result<Option<(Reply<'_>, usize)>, ProtocolError> {
+    pub fn peek(&mut self, limits: &Limits) -> Result<Option<(Reply<'_>, usize)>, ProtocolError> {
         if self.head == self.tail {
             return Ok(None);
         }
-        decode(&self.inbox[self.head..self.tail], limits)
+        decode_resume(
+            &self.inbox[self.head..self.tail],
+            limits,
+            &mut self.progress,
+        )
     }
 
     /// The hot path of every round: when the next reply answers a lock command with one
@@ -474,6 +515,7 @@ impl NodeConn {
     /// Drops a parsed reply from the inbox and its entry from `pending`.
     #[inline(always)]
     pub fn consume(&mut self, used: usize) {
+        self.progress.clear();
         self.head += used;
         if self.head == self.tail {
             self.head = 0;
@@ -500,6 +542,7 @@ impl NodeConn {
         self.outbox.clear();
         self.head = 0;
         self.tail = 0;
+        self.progress.clear();
         self.pending.clear();
         self.down = NodeError::Down(Arc::new(error));
         self.retry_at = now + self.backoff;

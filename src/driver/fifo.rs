@@ -72,6 +72,11 @@ impl<T: Copy> Fifo<T> {
         self.head = 0;
     }
 
+    /// The live entries, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.buf[self.head..].iter()
+    }
+
     /// The live entries, oldest first, for in-place updates.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.buf[self.head..].iter_mut()

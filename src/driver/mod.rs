@@ -43,7 +43,7 @@ use crate::core::command::{self, Cmd, Frame};
 use crate::core::round::{Kind, Reaction, Round, interpret};
 use crate::core::token::Token;
 use crate::error::{NodeError, Outcome};
-use crate::resp::{Limits, Reply};
+use crate::resp::{Limits, ProtocolError, Reply};
 use conn::{Expect, Expected, NodeConn, ReadFast, State};
 use mio::{Events, Poll};
 use std::io;
@@ -62,6 +62,10 @@ pub(crate) struct Request<'a> {
     pub kind: Kind,
     pub ttl_ms: u64,
     pub items: &'a [Item<'a>],
+    /// For a release: when the earliest lock command for these items was written. A
+    /// lagging node that still owes a reply to a SET or extend written since then gets
+    /// the release queued behind it.
+    pub written_since: Option<Instant>,
 }
 
 /// The round in progress, while events are dispatched.
@@ -93,6 +97,9 @@ pub(crate) struct Driver {
     /// The limits admit the common replies (`+OK` is a 2-byte line), so the fast path
     /// may take them without the general parser.
     fast_votes: bool,
+    /// Set by the slow paths (general parser, connection events): work the wait budget
+    /// does not count, so the next wait is sized by the clock.
+    slow_work: bool,
 }
 
 impl Driver {
@@ -119,6 +126,7 @@ impl Driver {
             max_backoff: settings.max_backoff,
             limits: settings.limits,
             fast_votes: settings.limits.max_line_len >= 2,
+            slow_work: false,
         };
         // Start connecting now, so the first call finds connections ready.
         for conn in &mut driver.conns {
@@ -207,10 +215,12 @@ impl Driver {
                     }
                 }
             };
-            if !self.poll_once(&mut events, timeout, Some(&mut active)) {
+            let woke = self.poll_once(&mut events, timeout, Some(&mut active));
+            if !woke || std::mem::take(&mut self.slow_work) {
                 // A wait that ended with nothing to show may have run late (timer slack,
-                // a busy machine): let the clock size the next one, so lateness cannot
-                // pile up over several slices.
+                // a busy machine), and slow-path work (a hostile node's trickle, a
+                // reconnect) takes time the budget does not count: let the clock size the
+                // next wait, so neither can pile up past `node_timeout`.
                 budget.expire();
             }
             if active.round.has_unstamped() {
@@ -238,7 +248,9 @@ impl Driver {
     ) {
         self.conns[node].may_resend = false;
         self.conns[node].sent = false;
-        if self.conns[node].is_lagging(lag_cutoff) {
+        // A connection whose handshake is unanswered is still connecting, not lagging:
+        // the connect timeout, not the lag reset, bounds it.
+        if !self.conns[node].handshaking() && self.conns[node].is_lagging(lag_cutoff) {
             // The caller may simply not have polled for a while (it was busy in its
             // critical section) while the replies sit unread in the socket: read them
             // before calling the node lagging.
@@ -255,7 +267,7 @@ impl Driver {
             }
         }
         let conn = &mut self.conns[node];
-        if conn.state != State::Ready {
+        if conn.state != State::Ready || conn.handshaking() {
             conn.maintain(
                 self.poll.registry(),
                 now,
@@ -268,10 +280,21 @@ impl Driver {
             return;
         }
         if conn.suspect || conn.is_lagging(lag_cutoff) {
-            // Nothing new is queued for a node that does not read: its backlog would only
-            // grow. A lock command still queued there may apply when it wakes up; that key
-            // then holds only that node, for at most the ttl, under a token nobody reuses.
-            active.round.fail_node(node, &NodeError::Lagging);
+            let why = if conn.handshaking() && !conn.suspect {
+                NodeError::Connecting
+            } else {
+                NodeError::Lagging
+            };
+            if let Some(since) = active.req.written_since {
+                if conn.owes_write_since(since) {
+                    self.release_behind_stale(node, active.req.items, now);
+                }
+            }
+            // Nothing else new is queued for a node that does not read: its backlog would
+            // only grow. A lock command queued there earlier may apply when it wakes up;
+            // that key then holds only that node, for at most the ttl, under a token
+            // nobody reuses, and is deleted by the holder's unlock (above).
+            active.round.fail_node(node, &why);
             return;
         }
         conn.may_resend = true;
@@ -288,6 +311,35 @@ impl Driver {
             active.req.items.len(),
         ) {
             self.fail_conn(node, e, Some(active));
+        }
+    }
+
+    /// An unlock still queues its compare-and-delete on a connection that lags (a frozen
+    /// or stalled node), not waited for: a SET or an extend queued there earlier applies
+    /// when the node wakes, and Redis runs one connection's commands in order, so the
+    /// delete behind it removes the key instead of leaving it for a whole ttl. Bounded by
+    /// the connection's backlog limits; EVAL, not EVALSHA, since no one will read a
+    /// NOSCRIPT.
+    #[cold]
+    fn release_behind_stale(&mut self, node: usize, items: &[Item<'_>], now: Instant) {
+        self.extra.clear();
+        for item in items {
+            command::encode(
+                &mut self.extra,
+                Cmd::Release { by_sha: false },
+                item.key,
+                &item.token,
+            );
+        }
+        let expect = Expect {
+            round: 0,
+            slot: 0,
+            kind: Expected::Command(Kind::Release),
+            sent_at: now,
+        };
+        let conn = &mut self.conns[node];
+        if let Err(e) = conn.send(&self.extra, expect, items.len()) {
+            conn.fail(self.poll.registry(), e, now, self.max_backoff);
         }
     }
 
@@ -338,6 +390,7 @@ impl Driver {
         closed: bool,
         active: Option<&mut Active<'_>>,
     ) {
+        self.slow_work = true;
         let Some(conn) = self.conns.get_mut(node) else {
             return;
         };
@@ -435,19 +488,28 @@ impl Driver {
     /// none (or the connection failed).
     #[cold]
     fn dispatch_one(&mut self, node: usize, mut active: Option<&mut Active<'_>>) -> bool {
+        // Whatever happens next took parser time the wait budget did not see.
+        self.slow_work = true;
         let conn = &mut self.conns[node];
-        let (reply, used) = match conn.peek(&self.limits) {
-            Ok(None) => return false,
-            Ok(Some(parsed)) => parsed,
-            Err(e) => {
-                self.fail_conn(node, NodeError::Protocol(e), active);
-                return false;
-            }
-        };
         let Some(expect) = conn.pending.front().copied() else {
             let e = NodeError::UnexpectedReply("a reply nobody asked for");
             self.fail_conn(node, e, active);
             return false;
+        };
+        let (reply, used) = match conn.peek(&self.limits) {
+            Ok(None) => return false,
+            Ok(Some(parsed)) => parsed,
+            Err(e) => {
+                let e = match (e, expect.kind) {
+                    // The first reply is not RESP at all: say what the peer is not.
+                    (ProtocolError::UnknownType(_), Expected::Status(_)) => {
+                        NodeError::not_redis(conn.unparsed())
+                    }
+                    _ => NodeError::Protocol(e),
+                };
+                self.fail_conn(node, e, active);
+                return false;
+            }
         };
         let slot = expect.slot as usize;
         // Votes count only in the round that is waiting for them; handshake and

@@ -1,9 +1,12 @@
 //! The reply parser: `&[u8]` in, a borrowed [`Reply`] and the bytes it used out.
 //!
-//! The parser restarts from the first byte of the reply on every call. A reply that is
-//! not all there yet is `Ok(None)`; the caller appends what the socket gives and calls
-//! again. Arrays are validated whole before they are returned, so walking an
-//! [`ArrayReply`] afterwards cannot fail.
+//! A reply that is not all there yet is `Ok(None)`; the caller appends what the socket
+//! gives and calls again. [`decode`] restarts from the first byte of the reply on every
+//! call (replies on the lock path are a few bytes); [`decode_resume`] keeps a
+//! [`Progress`] between calls and resumes where the last call stopped, so a hostile
+//! server that trickles a large array or a long line one byte at a time costs work in
+//! proportion to its bytes, not to their square. Arrays are validated whole before they
+//! are returned, so walking an [`ArrayReply`] afterwards cannot fail.
 
 use super::{Limits, MAX_DEPTH};
 use std::fmt;
@@ -13,7 +16,7 @@ use std::fmt;
 /// # Example
 ///
 /// ```
-/// use quorumlock::resp::{decode, Limits, Reply};
+/// use quorumlock::__private::resp::{decode, Limits, Reply};
 ///
 /// let input = b"+OK\r\n$-1\r\n";
 /// let (reply, used) = decode(input, &Limits::default()).unwrap().unwrap();
@@ -170,7 +173,7 @@ impl std::error::Error for ProtocolError {}
 /// # Example
 ///
 /// ```
-/// use quorumlock::resp::{decode, Limits, Reply};
+/// use quorumlock::__private::resp::{decode, Limits, Reply};
 ///
 /// let limits = Limits::default();
 /// assert_eq!(decode(b":12", &limits), Ok(None)); // wait for more
@@ -186,46 +189,147 @@ pub fn decode<'a>(
     decode_any(buf, limits)
 }
 
-/// The general parser, for every reply.
+/// Where a call to [`decode_resume`] stopped in an incomplete reply: the next call with
+/// the same bytes (and more after them) resumes here instead of from the first byte.
+///
+/// # Invariants
+///
+/// - Positions are relative to the start of the reply, so the caller may move its
+///   buffer (compact it) between calls, as long as the reply's bytes stay the same.
+/// - `pos` is an element boundary of the outer array; `remaining[..=top]` are the
+///   elements still to read there at each nesting level, as the parser left them.
+/// - `clean` bytes after the type byte at `pos` are known to hold no CR or LF.
+#[derive(Clone, Debug)]
+pub struct Progress {
+    /// An array is in progress (`len`, `body_start`, `top`, `remaining` are valid).
+    in_array: bool,
+    len: usize,
+    body_start: usize,
+    pos: usize,
+    top: usize,
+    remaining: [usize; MAX_DEPTH],
+    clean: usize,
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress {
+            in_array: false,
+            len: 0,
+            body_start: 0,
+            pos: 0,
+            top: 0,
+            remaining: [0; MAX_DEPTH],
+            clean: 0,
+        }
+    }
+}
+
+impl Progress {
+    /// Forgets the saved position: the next call starts at the reply's first byte. Call
+    /// it whenever the bytes at the start of the buffer change other than by appending
+    /// (a reply consumed, the connection dropped).
+    #[inline]
+    pub fn clear(&mut self) {
+        self.in_array = false;
+        self.pos = 0;
+        self.clean = 0;
+    }
+}
+
+/// [`decode`], resuming from where the previous call on the same reply stopped.
+///
+/// `progress` must be cleared ([`Progress::clear`]) whenever the reply at the start of
+/// `buf` changes; it is cleared here when a reply completes or fails.
+///
+/// # Example
+///
+/// ```
+/// use quorumlock::__private::resp::{decode, decode_resume, Limits, Progress};
+///
+/// let whole = b"*3\r\n:1\r\n:2\r\n:3\r\n";
+/// let mut progress = Progress::default();
+/// for end in 1..whole.len() {
+///     assert_eq!(decode_resume(&whole[..end], &Limits::default(), &mut progress), Ok(None));
+/// }
+/// let done = decode_resume(whole, &Limits::default(), &mut progress);
+/// assert_eq!(done, decode(whole, &Limits::default()));
+/// ```
+pub fn decode_resume<'a>(
+    buf: &'a [u8],
+    limits: &Limits,
+    progress: &mut Progress,
+) -> Result<Option<(Reply<'a>, usize)>, ProtocolError> {
+    if progress.pos == 0 && !progress.in_array && progress.clean == 0 {
+        if let Some(common) = common_reply(buf, limits) {
+            return Ok(Some(common));
+        }
+    }
+    let result = decode_from(buf, limits, progress);
+    if !matches!(result, Ok(None)) {
+        progress.clear();
+    }
+    result
+}
+
+/// The general parser, for every reply, from its first byte.
 fn decode_any<'a>(
     buf: &'a [u8],
     limits: &Limits,
 ) -> Result<Option<(Reply<'a>, usize)>, ProtocolError> {
-    let Some((head, mut pos)) = header(buf, 0, limits)? else {
-        return Ok(None);
-    };
-    let len = match head {
-        Header::Done(reply) => return Ok(Some((reply, pos))),
-        Header::Array(None) => return Ok(Some((Reply::Array(None), pos))),
-        Header::Array(Some(len)) => len,
-    };
-    let body_start = pos;
-    let max_depth = limits.max_depth.clamp(1, MAX_DEPTH);
-    // remaining[d] = elements still to read at nesting level d (0 = the outer array).
-    let mut remaining = [0usize; MAX_DEPTH];
-    let mut top = 0;
-    remaining[0] = len;
-    loop {
-        while remaining[top] == 0 {
-            if top == 0 {
-                let body = &buf[body_start..pos];
-                return Ok(Some((Reply::Array(Some(ArrayReply { len, body })), pos)));
-            }
-            top -= 1;
-        }
-        remaining[top] -= 1;
-        let Some((head, next)) = header(buf, pos, limits)? else {
+    decode_from(buf, limits, &mut Progress::default())
+}
+
+/// The general parser, resuming at `p` (a fresh `Progress` starts at the first byte).
+/// On `Ok(None)`, `p` holds where to resume.
+fn decode_from<'a>(
+    buf: &'a [u8],
+    limits: &Limits,
+    p: &mut Progress,
+) -> Result<Option<(Reply<'a>, usize)>, ProtocolError> {
+    if !p.in_array {
+        let Some((head, pos)) = header(buf, 0, limits, &mut p.clean)? else {
             return Ok(None);
         };
-        pos = next;
+        let len = match head {
+            Header::Done(reply) => return Ok(Some((reply, pos))),
+            Header::Array(None) => return Ok(Some((Reply::Array(None), pos))),
+            Header::Array(Some(len)) => len,
+        };
+        p.in_array = true;
+        p.len = len;
+        p.body_start = pos;
+        p.pos = pos;
+        p.top = 0;
+        p.remaining[0] = len;
+        p.clean = 0;
+    }
+    let max_depth = limits.max_depth.clamp(1, MAX_DEPTH);
+    // remaining[d] = elements still to read at nesting level d (0 = the outer array).
+    loop {
+        while p.remaining[p.top] == 0 {
+            if p.top == 0 {
+                let body = &buf[p.body_start..p.pos];
+                let len = p.len;
+                return Ok(Some((Reply::Array(Some(ArrayReply { len, body })), p.pos)));
+            }
+            p.top -= 1;
+        }
+        // An element boundary: what is saved if the element is not all there yet.
+        let Some((head, next)) = header(buf, p.pos, limits, &mut p.clean)? else {
+            return Ok(None);
+        };
+        p.remaining[p.top] -= 1;
+        p.pos = next;
+        p.clean = 0;
         if let Header::Array(inner) = head {
             // This array sits at depth top + 2 (the outer array is depth 1).
-            if top + 2 > max_depth {
+            if p.top + 2 > max_depth {
                 return Err(ProtocolError::TooDeep);
             }
             if let Some(n @ 1..) = inner {
-                top += 1;
-                remaining[top] = n;
+                p.top += 1;
+                p.remaining[p.top] = n;
             }
         }
     }
@@ -257,10 +361,13 @@ enum Header<'a> {
 }
 
 /// Reads one type byte and line at `pos`, and for bulk strings the payload too.
+/// `clean` bytes after the type byte are known to hold no CR or LF (from an earlier call
+/// on the same bytes); on `Ok(None)` it is updated for the next call.
 fn header<'a>(
     buf: &'a [u8],
     pos: usize,
     limits: &Limits,
+    clean: &mut usize,
 ) -> Result<Option<(Header<'a>, usize)>, ProtocolError> {
     let Some(&kind) = buf.get(pos) else {
         return Ok(None);
@@ -268,7 +375,7 @@ fn header<'a>(
     if !matches!(kind, b'+' | b'-' | b':' | b'$' | b'*') {
         return Err(ProtocolError::UnknownType(kind));
     }
-    let Some((line, next)) = line(buf, pos + 1, limits.max_line_len)? else {
+    let Some((line, next)) = line(buf, pos + 1, limits.max_line_len, clean)? else {
         return Ok(None);
     };
     let head = match kind {
@@ -305,28 +412,43 @@ fn header<'a>(
     Ok(Some((head, next)))
 }
 
-/// The bytes from `start` up to the next CRLF, and the position after it.
-fn line(buf: &[u8], start: usize, max_len: usize) -> Result<Option<(&[u8], usize)>, ProtocolError> {
+/// The bytes from `start` up to the next CRLF, and the position after it. The first
+/// `clean` bytes are known to hold no CR or LF and are not searched again; when the line
+/// is incomplete, `clean` is set to how far it is known clean.
+fn line<'a>(
+    buf: &'a [u8],
+    start: usize,
+    max_len: usize,
+    clean: &mut usize,
+) -> Result<Option<(&'a [u8], usize)>, ProtocolError> {
     let rest = buf.get(start..).unwrap_or(&[]);
     // Look one byte past the limit so a line of exactly max_len still finds its CR.
     let window = &rest[..rest.len().min(max_len.saturating_add(1))];
+    let from = (*clean).min(window.len());
+    let unsearched = &window[from..];
     // A line holds neither CR nor LF before its CRLF: a lone LF is an error wherever the
     // read happens to split, so the answer never depends on how the bytes arrived.
     // Lines on the wire are a few bytes: a plain scan beats setting up a vector search.
-    let end = if window.len() <= 32 {
-        window.iter().position(|&b| b == b'\r' || b == b'\n')
+    let found = if unsearched.len() <= 32 {
+        unsearched.iter().position(|&b| b == b'\r' || b == b'\n')
     } else {
-        memchr::memchr2(b'\r', b'\n', window)
+        memchr::memchr2(b'\r', b'\n', unsearched)
     };
-    match end {
+    match found.map(|i| from + i) {
         Some(i) if rest[i] == b'\n' => Err(ProtocolError::BadLineEnding),
         Some(i) => match rest.get(i + 1) {
-            None => Ok(None),
+            None => {
+                *clean = i;
+                Ok(None)
+            }
             Some(b'\n') => Ok(Some((&rest[..i], start + i + 2))),
             Some(_) => Err(ProtocolError::BadLineEnding),
         },
         None if window.len() > max_len => Err(ProtocolError::LineTooLong),
-        None => Ok(None),
+        None => {
+            *clean = window.len();
+            Ok(None)
+        }
     }
 }
 
@@ -602,5 +724,93 @@ mod tests {
             panic!("not an array")
         };
         assert_eq!(inner.iter().next(), Some(Reply::Simple(b"x")));
+    }
+
+    /// Feeds `input` to `decode_resume` in the given chunk sizes, checking after every
+    /// chunk that it answers exactly as `decode` on the same bytes from the start.
+    fn resume_agrees(input: &[u8], chunks: &mut dyn FnMut() -> usize, l: &Limits) {
+        let mut progress = Progress::default();
+        let mut start = 0; // where the current reply begins
+        let mut end = 0;
+        while end < input.len() {
+            end = (end + chunks()).min(input.len());
+            loop {
+                let buf = &input[start..end];
+                let fresh = decode(buf, l);
+                let resumed = decode_resume(buf, l, &mut progress);
+                assert_eq!(
+                    resumed,
+                    fresh,
+                    "{:?} at {start}..{end}",
+                    input.escape_ascii()
+                );
+                match fresh {
+                    Ok(Some((_, used))) => start += used,
+                    Ok(None) => break,
+                    Err(_) => return,
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn resuming_answers_as_parsing_from_the_start_at_every_split() {
+        let mut rng = fastrand::Rng::with_seed(11);
+        let mut inputs: Vec<Vec<u8>> = cases().into_iter().map(|(b, _)| b.to_vec()).collect();
+        inputs.push(
+            cases()
+                .iter()
+                .flat_map(|(b, _)| b.iter().copied())
+                .collect(),
+        );
+        // Corrupted copies: errors must come at the same point either way.
+        for _ in 0..300 {
+            let mut v = inputs[rng.usize(..inputs.len())].clone();
+            let i = rng.usize(..v.len());
+            v[i] = *rng.choice(b"\r\n*$:+-01x".iter()).unwrap();
+            inputs.push(v);
+        }
+        let tight = Limits {
+            max_line_len: 8,
+            max_bulk_len: 8,
+            max_array_len: 3,
+            max_depth: 2,
+        };
+        for input in &inputs {
+            for l in [limits(), tight] {
+                resume_agrees(input, &mut || 1, &l);
+                resume_agrees(input, &mut || rng.usize(1..6), &l);
+            }
+        }
+    }
+
+    #[test]
+    fn a_trickled_reply_is_not_reread_from_its_start() {
+        // 65,536 elements, then a 60 KiB line: fed one byte at a time. Reparsing from the
+        // start at every byte would be ~10^10 steps; resuming is linear.
+        let mut array = b"*65536\r\n".to_vec();
+        for _ in 0..65_536 {
+            array.extend_from_slice(b":1\r\n");
+        }
+        let mut line = b"+".to_vec();
+        line.resize(60 * 1024, b'a');
+        line.extend_from_slice(b"\r\n");
+        for input in [array, line] {
+            let mut progress = Progress::default();
+            let started = std::time::Instant::now();
+            for end in 1..input.len() {
+                assert_eq!(
+                    decode_resume(&input[..end], &limits(), &mut progress),
+                    Ok(None)
+                );
+            }
+            let done = decode_resume(&input, &limits(), &mut progress)
+                .unwrap()
+                .unwrap();
+            assert_eq!(done.1, input.len());
+            // Generous: linear work is milliseconds even unoptimized on a loaded machine;
+            // quadratic is minutes.
+            assert!(started.elapsed() < std::time::Duration::from_secs(20));
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! # Example
 //!
 //! ```
-//! use quorumlock::resp::encode::{array, bulk, bulk_int};
+//! use quorumlock::__private::resp::encode::{array, bulk, bulk_int};
 //!
 //! let mut out = Vec::new();
 //! array(&mut out, 3);

@@ -18,8 +18,9 @@
 //! # Invariants
 //!
 //! - Incomplete input is a value (`Ok(None)`), never an error: the caller reads more and
-//!   parses again from the start of the reply (replies on the lock path are a few bytes, so
-//!   re-parsing is cheaper than keeping resumable state).
+//!   parses again, from the start of the reply ([`decode()`]: replies on the lock path are
+//!   a few bytes) or from where it stopped ([`decode_resume`]: what the connections use,
+//!   so a reply trickled in byte by byte costs linear work).
 //! - Every length read off the wire is checked against [`Limits`] before it is used, and
 //!   all arithmetic on it is checked, so hostile input costs at most the limits.
 //! - Only `-1` is a null length; any other negative length is an error.
@@ -30,7 +31,7 @@ pub mod decode;
 pub mod encode;
 mod value;
 
-pub use decode::{ArrayReply, Elements, ProtocolError, Reply, decode};
+pub use decode::{ArrayReply, Elements, Progress, ProtocolError, Reply, decode, decode_resume};
 pub use value::Value;
 
 /// Bounds on what a server may send, checked before a length is trusted.
@@ -41,7 +42,7 @@ pub use value::Value;
 /// # Example
 ///
 /// ```
-/// use quorumlock::resp::{decode, Limits, ProtocolError};
+/// use quorumlock::__private::resp::{decode, Limits, ProtocolError};
 ///
 /// let tight = Limits { max_bulk_len: 4, ..Limits::default() };
 /// assert_eq!(decode(b"$5\r\nhello\r\n", &tight), Err(ProtocolError::BulkTooLong));

@@ -8,7 +8,7 @@ use super::encode::line;
 /// # Example
 ///
 /// ```
-/// use quorumlock::resp::{decode, Limits, Value};
+/// use quorumlock::__private::resp::{decode, Limits, Value};
 ///
 /// let (reply, _) = decode(b"*2\r\n:1\r\n$-1\r\n", &Limits::default()).unwrap().unwrap();
 /// let value = Value::from_reply(&reply);
