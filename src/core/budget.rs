@@ -16,9 +16,12 @@
 //! - The waits handed out since the last clock reading, each counted as its full length
 //!   rounded up to a whole millisecond, never exceed what was left at that reading.
 //! - [`WaitBudget::resync`] returns `None` exactly when the round's time is up.
-//! - The time spent between waits (handling replies, microseconds) is not counted until
-//!   the next clock reading; at most eight slices pass between two readings, and only
-//!   slices that were cut short by events.
+//! - The time spent between waits is not counted until the next clock reading. On the
+//!   fast path (a common reply on a ready connection) it is microseconds, and at most
+//!   eight slices pass between two readings. Any slow-path work (the general parser, a
+//!   connection event, a hostile node trickling a reply) makes the caller
+//!   [`WaitBudget::expire`] the budget, so the next wait is sized by the clock and such
+//!   work cannot push a round past `node_timeout`.
 //!
 //! # Example
 //!
