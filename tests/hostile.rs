@@ -1057,10 +1057,12 @@ fn memory_stays_bounded(script: Script) {
     let cluster = Cluster::start(3);
     let (a, b) = (Fake::start(script), Fake::start(script));
     let (urls, _) = three_real_two_fake(&cluster, &a, &b);
-    // Reconnect quickly, so the fakes get to send their bytes again and again.
+    // Reconnect quickly, so the fakes get to send their bytes again and again. The
+    // node_timeout is what an unlock may wait for a fake; it is still several times a
+    // round of the real nodes on a loaded machine.
     let mut rl = Redlock::builder()
         .nodes(&urls)
-        .node_timeout(Duration::from_millis(50))
+        .node_timeout(Duration::from_millis(250))
         .retry_count(0)
         .max_backoff(Duration::from_millis(2))
         .build()
@@ -1083,7 +1085,8 @@ fn memory_stays_bounded(script: Script) {
         );
         thread::sleep(Duration::from_millis(1));
     }
-    assert!(started.elapsed() < Duration::from_secs(30));
+    // No hang: at most about one node_timeout per call.
+    assert!(started.elapsed() < Duration::from_secs(120));
     // The client kept resetting and reconnecting rather than buffering forever.
     assert!(
         a.accepted() >= 3 && b.accepted() >= 3,
