@@ -545,6 +545,10 @@ fn a_holder_that_was_busy_longer_than_node_timeout_still_releases_everywhere() {
         let lock = rl
             .try_lock(format!("busy{i}"), Duration::from_secs(60))
             .unwrap();
+        // Every node applied the SET, so every reply is on its way: the slow ones sit
+        // unread in the sockets while the caller is busy. (A node that has not answered
+        // after node_timeout really lags; that case is not this test's.)
+        wait_values(&cluster, format!("busy{i}").as_bytes(), Some(lock.token()));
         std::thread::sleep(node_timeout * 3);
         unlock_reaches_every_node(&cluster, &mut rl, &lock);
     }
