@@ -6,10 +6,13 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+/// The CLI with a node timeout of 1 s (not its 50 ms default): on a loaded machine a
+/// healthy node must not miss a round.
 fn quorumlock(nodes: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_quorumlock"));
     cmd.arg("--nodes")
         .arg(nodes)
+        .args(["--timeout", "1000"])
         .args(args)
         .stdin(Stdio::null());
     cmd
@@ -24,19 +27,29 @@ fn run_holds_the_lock_for_the_command_and_passes_its_status_through() {
         .unwrap();
     assert_eq!(status.code(), Some(3));
 
-    // While one `run` holds the lock (a sleeping command), `try` is refused with 75.
+    // While one `run` holds the lock, `try` is refused with 75. The held command runs
+    // until the test lets it go (a file appears), not for a fixed time.
+    let done = cluster.dir().join("cli-b-done");
+    let script = format!("while [ ! -e '{}' ]; do sleep 0.02; done", done.display());
     let mut holder = quorumlock(
         &nodes,
-        &["--ttl", "600", "run", "cli:b", "--", "sleep", "1.5"],
+        &["--ttl", "2000", "run", "cli:b", "--", "sh", "-c", &script],
     )
     .spawn()
     .unwrap();
-    assert!(common::wait_until(Duration::from_secs(5), || cluster
-        .node(0)
-        .admin()
-        .exists("cli:b")));
-    // Longer than the ttl: the holder must have extended it meanwhile.
-    std::thread::sleep(Duration::from_millis(800));
+    let mut admin = cluster.node(0).admin();
+    assert!(common::wait_until(Duration::from_secs(10), || admin.exists("cli:b")));
+    // The holder extends the ttl (every ttl/3): seen on the node as a PTTL that goes up.
+    let mut last = admin.pttl("cli:b");
+    assert!(
+        common::wait_until(Duration::from_secs(10), || {
+            let now = admin.pttl("cli:b");
+            let extended = now > last;
+            last = now;
+            extended
+        }),
+        "the holder never extended its lock (PTTL {last})"
+    );
     let out = quorumlock(&nodes, &["--retries", "0", "try", "cli:b"])
         .output()
         .unwrap();
@@ -47,9 +60,10 @@ fn run_holds_the_lock_for_the_command_and_passes_its_status_through() {
         String::from_utf8_lossy(&out.stdout)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("held by another client"));
+    std::fs::write(&done, b"").unwrap();
     assert_eq!(holder.wait().unwrap().code(), Some(0));
-    // Released at the end.
-    assert!(!cluster.node(0).admin().exists("cli:b"));
+    // Released at the end (the unlock may reach node 0 after the quorum answered).
+    assert!(common::wait_until(Duration::from_secs(10), || !admin.exists("cli:b")));
     let out = quorumlock(&nodes, &["try", "cli:b"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0));
 }

@@ -245,17 +245,20 @@ fn debug_sleep_and_client_kill() {
     assert!(a.ping(), "SKIPME yes spares the caller");
 
     let t = Instant::now();
-    let h = a.debug_sleep(0.4);
+    let h = a.debug_sleep(2.0);
+    // It returns once the server is seen sleeping, before the sleep's reply.
     assert!(
-        t.elapsed() < Duration::from_millis(200),
-        "returns immediately"
+        n.in_debug_sleep(),
+        "debug_sleep returned before the sleep ran"
     );
+    // A command sent now is queued behind the sleep: its reply comes after it.
     assert!(a.ping());
     assert!(
-        t.elapsed() >= Duration::from_millis(300),
-        "{:?}",
+        t.elapsed() >= Duration::from_millis(1990),
+        "PING answered {:?} after a 2 s DEBUG SLEEP began",
         t.elapsed()
     );
+    assert!(!n.in_debug_sleep());
     assert!(h.join().unwrap().unwrap().is_ok());
 }
 
@@ -274,13 +277,12 @@ fn proxy_modes() {
     assert_eq!(c.node(0).admin().get("via-proxy"), Some(b"1".to_vec()));
     assert!(wait_until(Duration::from_secs(1), || p.connections() == 1));
 
-    // Delay: the same connection is affected at once.
+    // Delay: the same connection is affected at once (each direction is held 300 ms).
     p.set_mode(Mode::Delay(Duration::from_millis(300)));
     let t = Instant::now();
     assert!(a.ping());
     let took = t.elapsed();
-    assert!(took >= Duration::from_millis(250), "{took:?}");
-    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(took >= Duration::from_millis(300), "{took:?}");
 
     // Blackhole: no answer, on old and new connections.
     p.set_mode(Mode::Blackhole);
@@ -299,10 +301,9 @@ fn proxy_modes() {
     let mut d = Admin::connect_tcp(p.addr()).unwrap();
     assert!(d.ping());
     p.set_mode(Mode::Reset);
-    let t = Instant::now();
+    // Closed, not merely silent: the error is not the read timeout.
     let err = d.try_ping().expect_err("reset");
     assert!(!is_timeout(&err), "{err:?}");
-    assert!(t.elapsed() < Duration::from_secs(1));
     let before = p.connections();
     match Admin::connect_tcp(p.addr()) {
         Ok(mut e) => {
@@ -331,8 +332,9 @@ fn proxy_to_dead_target_and_prompt_drop() {
     for a in &mut conns {
         assert!(a.ping());
     }
-    p.set_mode(Mode::Delay(Duration::from_secs(5)));
-    conns[0].send(&["PING"]).unwrap(); // a chunk is parked in the proxy
+    // A chunk parked in the proxy for a minute: dropping the proxy must not wait for it.
+    p.set_mode(Mode::Delay(Duration::from_secs(60)));
+    conns[0].send(&["PING"]).unwrap();
     n.kill();
     // Upstream gone: the client sees the connection end.
     let mut g = Admin::connect_tcp(p.addr()).unwrap();
@@ -340,8 +342,8 @@ fn proxy_to_dead_target_and_prompt_drop() {
     let t = Instant::now();
     drop(p);
     assert!(
-        t.elapsed() < Duration::from_millis(200),
-        "drop took {:?}",
+        t.elapsed() < Duration::from_secs(10),
+        "drop took {:?}: it waited for the parked chunk",
         t.elapsed()
     );
     for a in &mut conns[1..] {
@@ -423,14 +425,16 @@ fn restart_retries_while_port_is_taken() {
     n.kill();
     // Someone else holds the port for a while: restart must retry.
     let squatter = std::net::TcpListener::bind(addr).expect("grab the freed port");
+    // Taken before the squatter can let go, so the bound below holds however the threads
+    // are scheduled.
+    let t = Instant::now();
     let releaser = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(400));
         drop(squatter);
     });
-    let t = Instant::now();
     n.restart();
     assert!(
-        t.elapsed() >= Duration::from_millis(300),
+        t.elapsed() >= Duration::from_millis(400),
         "{:?}",
         t.elapsed()
     );

@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Default read/write timeout of an [`Admin`] connection.
 pub const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -504,14 +504,24 @@ impl Admin {
         })
     }
 
+    /// The server's pid (`INFO server` / `process_id`).
+    pub fn server_pid(&mut self) -> u32 {
+        self.info_field("server", "process_id")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no process_id in INFO on {}", self.endpoint))
+    }
+
     /// Make the server sleep for `secs` seconds (`DEBUG SLEEP`) using a
-    /// separate connection. The command has been written (and, unless the
-    /// machine is very loaded, picked up by the server) when this returns;
-    /// the returned thread waits for its reply.
+    /// separate connection. Returns once the server is observed sleeping (its
+    /// main thread is in `nanosleep`, see [`in_debug_sleep`]), so the caller's
+    /// next request is queued behind the sleep; the returned thread waits for
+    /// the sleep's reply. Panics if the sleep is not seen within 10 s, or is
+    /// already over when first seen (use a longer sleep).
     pub fn debug_sleep(&self, secs: f64) -> JoinHandle<io::Result<Reply>> {
         let timeout = ADMIN_TIMEOUT + Duration::from_secs_f64(secs.max(0.0));
         let mut conn = Admin::connect(&self.endpoint, self.auth.as_ref())
             .unwrap_or_else(|e| panic!("DEBUG SLEEP: connect to {} failed: {e}", self.endpoint));
+        let pid = conn.server_pid();
         conn.set_read_timeout(Some(timeout))
             .expect("set_read_timeout");
         let secs_s = format!("{secs}");
@@ -521,9 +531,48 @@ impl Admin {
             .name("admin-debug-sleep".into())
             .spawn(move || conn.recv())
             .expect("spawn debug-sleep thread");
-        // Give the server's event loop a moment to read the command so the
-        // caller's next request is queued behind the sleep.
-        thread::sleep(Duration::from_millis(20));
-        handle
+        // Wait until the server has picked the command up: its main thread sleeps.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if in_debug_sleep(pid) {
+                return handle;
+            }
+            assert!(
+                !handle.is_finished(),
+                "DEBUG SLEEP {secs} on {} was over before it was seen running: use a \
+                 longer sleep",
+                self.endpoint
+            );
+            assert!(
+                Instant::now() < deadline,
+                "DEBUG SLEEP {secs} on {} (pid {pid}) not seen running after 10 s",
+                self.endpoint
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
     }
+}
+
+/// Whether the redis-server `pid` is inside a `DEBUG SLEEP` right now: its main
+/// thread is blocked in `nanosleep` (an idle server waits in `epoll_wait`).
+/// Reads `/proc/<pid>/wchan` (the kernel function it waits in), falling back to
+/// the syscall number in `/proc/<pid>/syscall` (x86_64: 35 nanosleep, 230
+/// clock_nanosleep; aarch64: 101, 115). Panics if neither can be read.
+pub fn in_debug_sleep(pid: u32) -> bool {
+    let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+    if wchan.contains("nanosleep") {
+        return true;
+    }
+    if !wchan.is_empty() && wchan != "0" {
+        return false;
+    }
+    let syscall = std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+        .unwrap_or_else(|e| panic!("cannot tell whether pid {pid} sleeps: /proc: {e}"));
+    let nr = syscall.split_whitespace().next().unwrap_or("");
+    let sleeping: &[&str] = if cfg!(target_arch = "aarch64") {
+        &["101", "115"]
+    } else {
+        &["35", "230"]
+    };
+    sleeping.contains(&nr)
 }

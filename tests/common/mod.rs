@@ -8,7 +8,7 @@ pub mod admin;
 pub mod impostor;
 pub mod proxy;
 
-pub use admin::{Admin, Auth, Endpoint, Reply};
+pub use admin::{Admin, Auth, Endpoint, Reply, in_debug_sleep};
 pub use proxy::{Mode, Proxy};
 
 use std::fs::{self, File, OpenOptions};
@@ -396,6 +396,13 @@ impl Node {
 
     pub fn is_frozen(&self) -> bool {
         lock(&self.state).frozen
+    }
+
+    /// Whether the server is inside a `DEBUG SLEEP` right now (see
+    /// [`admin::in_debug_sleep`]): it cannot have answered anything since the
+    /// sleep began.
+    pub fn in_debug_sleep(&self) -> bool {
+        admin::in_debug_sleep(self.pid())
     }
 
     fn kill_locked(st: &mut NodeState) {
