@@ -171,7 +171,10 @@ impl NodeConn {
                 if connecting
                     && now.saturating_duration_since(self.connect_started) > connect_timeout =>
             {
-                self.fail(registry, NodeError::ConnectTimeout, now, max_backoff)
+                self.fail(registry, NodeError::ConnectTimeout, now, max_backoff);
+                // The next connection is sent nothing until its handshake is answered:
+                // a silent host must not cost `node_timeout` at every reconnect.
+                self.suspect = true;
             }
             _ => {}
         }

@@ -280,7 +280,9 @@ impl Driver {
             return;
         }
         if conn.suspect || conn.is_lagging(lag_cutoff) {
-            let why = if conn.handshaking() && !conn.suspect {
+            // A connection that has not finished its handshake is connecting, whatever
+            // made it slow; one that answered it and then fell behind is lagging.
+            let why = if conn.handshaking() {
                 NodeError::Connecting
             } else {
                 NodeError::Lagging
