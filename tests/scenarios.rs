@@ -10,7 +10,9 @@
 //! - [`elapsed_counts_from_before_the_first_write`].
 //! - [`quorum_after_the_validity_is_gone_is_expired_and_cleaned_up`].
 //! - [`reply_nobody_asked_for_during_a_round_resets_the_connection`] and
-//!   [`reply_nobody_asked_for_between_rounds_is_never_a_vote`].
+//!   [`reply_nobody_asked_for_between_rounds_is_never_a_vote`]: what RESP2 lets a client
+//!   detect; [`reply_in_place_of_another_is_caught_one_reply_later`]: what it does not,
+//!   and how the stream is put back in step afterwards.
 //!
 //! Nothing here waits by sleeping: conditions are polled with a deadline, and ttls are
 //! long enough that no outcome depends on how fast a loaded machine runs.
@@ -506,6 +508,9 @@ enum Act {
     /// `$-1` (held elsewhere); an unrequested `+OK` right after it answered the first
     /// script (the release that follows a failed attempt), i.e. between two calls.
     NilThenStrayOkAfterRelease,
+    /// `$-1` to the first SET of a connection; to the second, an unrequested `+OK`
+    /// *before* its real `$-1`: a reply in place of another, which RESP2 cannot tell.
+    StrayOkBeforeSecondReply,
 }
 
 #[derive(Default)]
@@ -616,6 +621,7 @@ fn serve(mut stream: TcpStream, act: Act, stop: &AtomicBool, log: &Mutex<PuppetL
     let mut buf = [0u8; 4096];
     let mut stray_at: Option<Instant> = None;
     let mut stray_after_release = false;
+    let mut sets_here = 0;
     while !stop.load(Ordering::SeqCst) {
         match stream.read(&mut buf) {
             Ok(0) => {
@@ -642,7 +648,15 @@ fn serve(mut stream: TcpStream, act: Act, stop: &AtomicBool, log: &Mutex<PuppetL
                 }
                 b"SET" => {
                     guard(log).sets += 1;
+                    sets_here += 1;
                     match act {
+                        Act::StrayOkBeforeSecondReply => {
+                            if sets_here == 2 {
+                                out.extend_from_slice(b"+OK\r\n");
+                                guard(log).strays.push(Instant::now());
+                            }
+                            out.extend_from_slice(b"$-1\r\n");
+                        }
                         Act::Silent => {}
                         Act::NilThenStrayOk { after } => {
                             out.extend_from_slice(b"$-1\r\n");
@@ -763,5 +777,39 @@ fn reply_nobody_asked_for_between_rounds_is_never_a_vote() {
         log.accepted >= CALLS,
         "each stray cost the client its connection: {} connections",
         log.accepted
+    );
+}
+
+/// What cannot be detected, and what then can: the puppet answers the second SET with an
+/// unrequested `+OK` written *before* the real reply. RESP2 has no request ids, so the
+/// `+OK` is indistinguishable from the answer (it may be counted as the puppet's vote:
+/// this test does not assert either way). The real reply then arrives with nothing owed
+/// for it, and the client must drop the connection (at the latest on its next call) and
+/// never count that reply.
+#[test]
+fn reply_in_place_of_another_is_caught_one_reply_later() {
+    let (_cluster, puppet, _silent, urls) = stray_setup(Act::StrayOkBeforeSecondReply);
+    let mut rl = client(&urls, Duration::from_millis(200), 0);
+    const KEY: &str = "scenario:stray-in-place";
+    if let Ok(lock) = rl.try_lock(KEY, LONG_TTL) {
+        panic!("call 1: only the real node said yes, yet granted {lock:?}");
+    }
+    assert!(puppet.log().closed_by_client.is_empty());
+    // Call 2: the stray goes first. Whatever the outcome, release what it may hold.
+    if let Ok(lock) = rl.try_lock(KEY, LONG_TTL) {
+        let _ = rl.unlock(&lock);
+    }
+    assert_eq!(puppet.log().strays.len(), 1, "the puppet sent its stray");
+    // Call 3 (if the reset did not already happen in call 2): the real reply to call 2's
+    // SET, waiting unasked in the socket, is found before anything is written.
+    let _ = rl.try_lock(KEY, LONG_TTL);
+    assert!(
+        wait_until(WAIT, || !puppet.log().closed_by_client.is_empty()),
+        "the reply that followed the stray was never noticed: the stream stayed shifted"
+    );
+    let _ = rl.try_lock(KEY, LONG_TTL);
+    assert!(
+        wait_until(WAIT, || puppet.log().accepted >= 2),
+        "the client reconnected"
     );
 }
