@@ -23,13 +23,10 @@
 //!
 //! # One clock for every process
 //!
-//! `Instant` is CLOCK_MONOTONIC on Linux but its raw value is private, so holders stamp
-//! events with `clock_gettime(CLOCK_MONOTONIC)` ([`mono_ns`]), which every process on the
-//! machine shares. The lock's own deadline (an `Instant`) is mapped onto that clock through
-//! one calibration pair per process ([`Clock`]): `Instant` is read first, CLOCK_MONOTONIC
-//! second, so a mapped instant errs *late* by the few hundred ns between the two reads —
-//! a mapped deadline can only widen a window, the safe direction. (`t_return +
-//! lock.remaining()` would err *early*: `remaining()` reads the clock again, later.)
+//! Holders stamp events with CLOCK_MONOTONIC, which every process on the machine shares,
+//! and map their lock's deadline onto it so that it errs late, never early (see
+//! `tests/common/checker.rs`). (`t_return + lock.remaining()` would err *early*:
+//! `remaining()` reads the clock again, later.)
 //!
 //! # What a window is, and why
 //!
@@ -60,9 +57,14 @@
 //! write value+1 (temp file + rename), log `W worker thread hold before after start end`.
 //! It starts and writes only while `lock.remaining() >= MARGIN` ([`MARGIN`]: the check and
 //! the write are not atomic, the margin covers the gap); otherwise the write is skipped and
-//! logged (`S`): a holder never acts after validity. Holds also extend (~10 %, then do a
-//! second increment), let the lock expire (~3 %), overstay their validity (~2 %) or run up
-//! to the margin (~2 %).
+//! logged (`S`): a holder never *starts* to act after validity. A holder descheduled
+//! between its last check and its write (a loaded machine does that for tens of ms) writes
+//! late: the paused-client limit of every Redlock without fencing tokens. The checker
+//! counts those apart ("late writes by paused holders"); should one lose an increment, the
+//! lost-update check still fails the run. Holds also extend (~10 %, then do a second
+//! increment), let the lock expire (~3 %), overstay their validity (~2 %) or run up to the
+//! margin (~2 %). One call in five is a single `try_lock` instead of `lock`: its refusals
+//! with some node holding another client's token show the run was contended.
 //!
 //! # Faults (parent)
 //!
@@ -79,16 +81,24 @@
 //!
 //! # The checker
 //!
-//! [`check`] parses every log and proves (1) no two windows overlap, and every write lies
-//! inside its hold's window; (2) no increment was lost: sorted by time, the logged
-//! `before → after` values are exactly 0→1→2→…, and the final counter equals the number
-//! of increments. Its own tests feed it overlapping and lost-update logs.
+//! `common::checker::check` parses every log and proves (1) no two windows overlap, and
+//! every write starts inside its hold's window; (2) no increment was lost: sorted by time,
+//! the logged `before → after` values are exactly 0→1→2→…, and the final counter equals
+//! the number of increments. Its own tests below feed it overlapping, lost-update and
+//! late-write logs; `tests/scenarios.rs` shows it catching a real overlap.
+//!
+//! # Floors
+//!
+//! A run that injected no faults or saw no contention proves nothing, so the run also
+//! fails unless it saw at least [`FAULT_FLOOR_PER_10S`] freezes and as many kills per
+//! 10 s (every one recovered), [`MIN_TRY_CONTENDED`] contended `try_lock` refusals, holds
+//! by at least two worker processes, and `max(20, secs)` acquisitions.
 
 mod common;
 
 use common::Cluster;
-use quorumlock::{Error, Lock, Redlock};
-use std::collections::{BTreeMap, HashMap};
+use common::checker::{Clock, check, hold_line, mono_ns};
+use quorumlock::{Error, Lock, Outcome, Redlock};
 use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
@@ -117,51 +127,21 @@ const DEFAULT_SECS: u64 = 20;
 const GRACE: Duration = Duration::from_secs(60);
 /// The one contended resource.
 const RESOURCE: &str = "torture:resource";
-
-// ---------------------------------------------------------------------------------------
-// The shared clock.
-
-/// CLOCK_MONOTONIC in nanoseconds: one clock for every process on the machine.
-fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, exclusively borrowed timespec; CLOCK_MONOTONIC exists on
-    // every Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Maps this process's `Instant`s onto [`mono_ns`] (see the module docs).
-#[derive(Clone, Copy)]
-struct Clock {
-    instant: Instant,
-    ns: u64,
-}
-
-impl Clock {
-    fn calibrate() -> Clock {
-        let instant = Instant::now(); // first: the map errs late, never early
-        let ns = mono_ns();
-        Clock { instant, ns }
-    }
-
-    fn map(&self, i: Instant) -> u64 {
-        match i.checked_duration_since(self.instant) {
-            Some(d) => self.ns + d.as_nanos() as u64,
-            None => self.ns - (self.instant - i).as_nanos() as u64,
-        }
-    }
-
-    /// How far the map has drifted from CLOCK_MONOTONIC (should stay ~0).
-    fn skew_ns(&self) -> i64 {
-        let mapped = self.map(Instant::now());
-        let real = mono_ns();
-        mapped as i64 - real as i64
-    }
-}
+/// Freezes, and separately kills, the injector must have made per 10 s of run (at least
+/// one each). The schedule (a fault every 20–400 ms, whenever fewer than 2 nodes are
+/// disturbed; 60 % freezes of 5–1200 ms, 40 % kills of 400–1200 ms) gives a median of
+/// ~28 freezes and ~19 kills in 20 s; simulated over 20,000 seeds with every restart
+/// blocking the injector for 1 s (a badly loaded machine) the fewest seen were 2 freezes
+/// and 5 kills. So 1 per 10 s (2 in the CI run) fails only if the injector did not run.
+const FAULT_FLOOR_PER_10S: u64 = 1;
+/// Percent of calls made with `try_lock` (one attempt) rather than `lock`.
+const TRY_LOCK_PERCENT: u32 = 20;
+/// `try_lock` refusals in which some node held another client's token, that the run must
+/// see. Eight threads share one resource, ~7 % of holds keep it 250–300 ms, and ~20 % of
+/// the ~1000 calls of a 20 s run are `try_lock`: a typical run sees ~40 (whatever the
+/// error reads: with nodes down, "unavailable" more often than "taken"). Three is a floor
+/// that only a run without contention misses.
+const MIN_TRY_CONTENDED: u64 = 3;
 
 // ---------------------------------------------------------------------------------------
 // The worker side.
@@ -263,6 +243,8 @@ struct ThreadStats {
     extend_ok: u64,
     extend_failed: u64,
     unlock_errors: u64,
+    /// `try_lock` calls refused with some node holding another client's token.
+    try_contended: u64,
 }
 
 /// One worker thread: a client of its own, taking the lock until the end time.
@@ -288,11 +270,33 @@ fn run_thread(cfg: &WorkerConfig, thread: usize, clock: Clock) -> io::Result<()>
     };
     let mut stats = ThreadStats::default();
     while mono_ns() < cfg.end_ns {
+        let single = rng.u32(0..100) < TRY_LOCK_PERCENT;
         let call_ns = mono_ns();
-        let result = rl.lock(RESOURCE, TTL);
+        let result = if single {
+            rl.try_lock(RESOURCE, TTL)
+        } else {
+            rl.lock(RESOURCE, TTL)
+        };
         let acq_ns = mono_ns();
         let mut lock = match result {
             Ok(lock) => lock,
+            Err(e) if single => {
+                // Contention seen: some node held another client's token. (With nodes
+                // down the error may read "unavailable" rather than "taken".)
+                let held = e
+                    .failure()
+                    .is_some_and(|f| f.count(|o| matches!(o, Outcome::Held)) > 0);
+                if held {
+                    stats.try_contended += 1;
+                }
+                // For diagnosis only.
+                writeln!(
+                    log,
+                    "F {} {thread} {call_ns} {acq_ns} try_lock: {e}",
+                    cfg.worker
+                )?;
+                continue;
+            }
             Err(e) => {
                 let kind = match e {
                     Error::Taken(_) => &mut stats.taken,
@@ -358,17 +362,26 @@ fn run_thread(cfg: &WorkerConfig, thread: usize, clock: Clock) -> io::Result<()>
         } else {
             u64::MAX
         };
-        writeln!(
-            log,
-            "H {} {thread} {hold} {call_ns} {started_ns} {acq_ns} {deadline_ns} {rel_ns} {}",
-            cfg.worker, extended as u8
+        log.write_all(
+            hold_line(
+                cfg.worker,
+                thread,
+                hold,
+                call_ns,
+                started_ns,
+                acq_ns,
+                deadline_ns,
+                rel_ns,
+                extended,
+            )
+            .as_bytes(),
         )?;
         // After every hold, so a worker that dies loses at most the hold in progress.
         log.flush()?;
     }
     writeln!(
         log,
-        "E {} {thread} {} {} {} {} {} {} {} {} {}",
+        "E {} {thread} {} {} {} {} {} {} {} {} {} {}",
         cfg.worker,
         stats.holds,
         stats.taken,
@@ -378,6 +391,7 @@ fn run_thread(cfg: &WorkerConfig, thread: usize, clock: Clock) -> io::Result<()>
         stats.extend_ok,
         stats.extend_failed,
         stats.unlock_errors,
+        stats.try_contended,
         clock.skew_ns()
     )?;
     log.flush()
@@ -429,216 +443,6 @@ impl CriticalSection {
 }
 
 // ---------------------------------------------------------------------------------------
-// The checker.
-
-/// One lock held, as logged by its holder (`H` line).
-#[derive(Clone, Copy, Debug)]
-struct Hold {
-    acq_ns: u64,
-    deadline_ns: u64,
-    rel_ns: u64,
-    extended: bool,
-}
-
-impl Hold {
-    /// End of the window: the deadline, or the unlock call if earlier.
-    fn end_ns(&self) -> u64 {
-        self.deadline_ns.min(self.rel_ns)
-    }
-}
-
-/// One increment (`W` line).
-#[derive(Clone, Copy, Debug)]
-struct Increment {
-    who: HoldId,
-    before: u64,
-    after: u64,
-    start_ns: u64,
-    end_ns: u64,
-}
-
-/// (worker, thread, hold number).
-type HoldId = (usize, usize, u64);
-
-/// What the checker found.
-#[derive(Debug, Default)]
-struct Report {
-    holds: u64,
-    extended: u64,
-    increments: u64,
-    skipped: u64,
-    taken: u64,
-    unavailable: u64,
-    expired: u64,
-    other_errors: u64,
-    extend_ok: u64,
-    extend_failed: u64,
-    unlock_errors: u64,
-    /// Holds per worker process.
-    per_worker: BTreeMap<usize, u64>,
-    /// Threads that logged their final `E` line.
-    finished_threads: usize,
-    /// Longest hold window and the shortest gap between two windows, in µs.
-    longest_window_us: u64,
-    violations: Vec<String>,
-}
-
-impl Report {
-    fn contended_failures(&self) -> u64 {
-        self.taken + self.unavailable + self.expired + self.other_errors
-    }
-}
-
-fn fields<T: std::str::FromStr>(parts: &[&str]) -> Option<Vec<T>> {
-    parts.iter().map(|p| p.parse().ok()).collect()
-}
-
-/// Audits the logs (`(name, content)` pairs) against the final counter value.
-fn check(logs: &[(String, String)], final_counter: u64) -> Report {
-    let mut r = Report::default();
-    let mut holds: HashMap<HoldId, Hold> = HashMap::new();
-    let mut writes: Vec<Increment> = Vec::new();
-    for (name, text) in logs {
-        for (n, line) in text.lines().enumerate() {
-            let parts: Vec<&str> = line.split_whitespace().collect();
-            let bad = || format!("{name}:{}: malformed line {line:?}", n + 1);
-            match parts.first().copied() {
-                Some("H") if parts.len() == 10 => {
-                    let Some(v) = fields::<u64>(&parts[1..]) else {
-                        r.violations.push(bad());
-                        continue;
-                    };
-                    let id = (v[0] as usize, v[1] as usize, v[2]);
-                    let hold = Hold {
-                        acq_ns: v[5],
-                        deadline_ns: v[6],
-                        rel_ns: v[7],
-                        extended: v[8] == 1,
-                    };
-                    r.holds += 1;
-                    r.extended += hold.extended as u64;
-                    *r.per_worker.entry(id.0).or_default() += 1;
-                    if hold.end_ns() > hold.acq_ns {
-                        r.longest_window_us = r
-                            .longest_window_us
-                            .max((hold.end_ns() - hold.acq_ns) / 1000);
-                    }
-                    if holds.insert(id, hold).is_some() {
-                        r.violations
-                            .push(format!("{name}: hold {id:?} logged twice"));
-                    }
-                }
-                Some("W") if parts.len() == 8 => {
-                    let Some(v) = fields::<u64>(&parts[1..]) else {
-                        r.violations.push(bad());
-                        continue;
-                    };
-                    writes.push(Increment {
-                        who: (v[0] as usize, v[1] as usize, v[2]),
-                        before: v[3],
-                        after: v[4],
-                        start_ns: v[5],
-                        end_ns: v[6],
-                    });
-                }
-                Some("S") if parts.len() == 7 => r.skipped += 1,
-                Some("F") => {} // a failed lock() call, for diagnosis; counted from `E`
-                Some("E") if parts.len() == 12 => {
-                    let Some(v) = fields::<i64>(&parts[1..]) else {
-                        r.violations.push(bad());
-                        continue;
-                    };
-                    r.finished_threads += 1;
-                    r.taken += v[3] as u64;
-                    r.unavailable += v[4] as u64;
-                    r.expired += v[5] as u64;
-                    r.other_errors += v[6] as u64;
-                    r.extend_ok += v[7] as u64;
-                    r.extend_failed += v[8] as u64;
-                    r.unlock_errors += v[9] as u64;
-                    if v[10].abs() > 1_000_000 {
-                        r.violations.push(format!(
-                            "{name}: Instant→CLOCK_MONOTONIC map drifted {} ns",
-                            v[10]
-                        ));
-                    }
-                }
-                _ => r.violations.push(bad()),
-            }
-        }
-    }
-    r.increments = writes.len() as u64;
-
-    // (1) No two windows overlap: sorted by start, each starts at or after the latest end
-    // so far. Empty windows (validity gone by the time lock() returned) cannot overlap.
-    let mut windows: Vec<(HoldId, Hold)> = holds
-        .iter()
-        .filter(|(_, h)| h.end_ns() > h.acq_ns)
-        .map(|(id, h)| (*id, *h))
-        .collect();
-    windows.sort_by_key(|(id, h)| (h.acq_ns, *id));
-    let mut latest: Option<(HoldId, Hold)> = None;
-    for &(id, h) in &windows {
-        if let Some((pid, ph)) = latest {
-            if h.acq_ns < ph.end_ns() {
-                r.violations.push(format!(
-                    "overlap: hold {id:?} window [{}, {}) starts {:.3} ms before hold \
-                     {pid:?} window [{}, {}) ends",
-                    h.acq_ns,
-                    h.end_ns(),
-                    (ph.end_ns() - h.acq_ns) as f64 / 1e6,
-                    ph.acq_ns,
-                    ph.end_ns(),
-                ));
-            }
-        }
-        if latest.is_none_or(|(_, ph)| h.end_ns() > ph.end_ns()) {
-            latest = Some((id, h));
-        }
-    }
-
-    // Every write inside its own hold's window.
-    for w in &writes {
-        match holds.get(&w.who) {
-            None => r
-                .violations
-                .push(format!("write {w:?} by a hold that was never logged")),
-            Some(h) if w.start_ns < h.acq_ns || w.end_ns > h.end_ns() => {
-                r.violations.push(format!(
-                    "write outside validity: {w:?} not within hold window [{}, {})",
-                    h.acq_ns,
-                    h.end_ns()
-                ));
-            }
-            Some(_) => {}
-        }
-    }
-
-    // (2) No lost update: in time order the increments are 0→1, 1→2, ... and the file ends
-    // at their count.
-    writes.sort_by_key(|w| (w.start_ns, w.who));
-    for (i, w) in writes.iter().enumerate() {
-        if w.before != i as u64 || w.after != w.before + 1 {
-            r.violations.push(format!(
-                "lost update: increment #{i} (in time order) is {} -> {} by {:?}, expected \
-                 {i} -> {}",
-                w.before,
-                w.after,
-                w.who,
-                i + 1
-            ));
-        }
-    }
-    if final_counter != writes.len() as u64 {
-        r.violations.push(format!(
-            "lost update: counter file holds {final_counter}, but {} increments were logged",
-            writes.len()
-        ));
-    }
-    r
-}
-
-// ---------------------------------------------------------------------------------------
 // The parent.
 
 /// Worker processes, killed and reaped on drop (also while unwinding).
@@ -683,13 +487,23 @@ fn env_u64(key: &str) -> Option<u64> {
     )
 }
 
+/// The run's directory (counter and logs): in memory (`/dev/shm`) when there is one. The
+/// counter stands in for a resource the lock protects; on a disk, a busy machine stalls a
+/// `write` or `rename` for hundreds of ms (seen: 800 ms under I/O pressure), and a holder
+/// stalled inside its critical section is a paused client — which the lock cannot prevent
+/// and which is not what this test is about.
 fn temp_dir() -> PathBuf {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let dir =
-        std::env::temp_dir().join(format!("quorumlock-torture-{}-{nanos}", std::process::id()));
+    let name = format!("quorumlock-torture-{}-{nanos}", std::process::id());
+    let shm = Path::new("/dev/shm");
+    let in_memory = shm.join(&name);
+    if shm.is_dir() && fs::create_dir_all(&in_memory).is_ok() {
+        return in_memory;
+    }
+    let dir = std::env::temp_dir().join(name);
     fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
     dir
 }
@@ -892,6 +706,39 @@ fn torture() {
             report.holds
         ));
     }
+    // Floors: a run without faults or contention proves nothing (see the module docs).
+    if !early_exit {
+        let fault_floor = (FAULT_FLOOR_PER_10S * secs / 10).max(1);
+        for (what, n) in [("freezes", faults.freeze), ("kills", faults.kill)] {
+            if n < fault_floor {
+                problems.push(format!(
+                    "only {n} {what} injected in {secs} s (floor {fault_floor}): the run \
+                     proves nothing"
+                ));
+            }
+        }
+        if faults.thaw != faults.freeze || faults.restart != faults.kill {
+            problems.push(format!(
+                "not every fault was recovered: {} freezes / {} thaws, {} kills / {} restarts",
+                faults.freeze, faults.thaw, faults.kill, faults.restart
+            ));
+        }
+    }
+    if report.try_contended < MIN_TRY_CONTENDED {
+        problems.push(format!(
+            "only {} try_lock calls found the lock held elsewhere (floor {MIN_TRY_CONTENDED}): the run \
+             saw no contention",
+            report.try_contended
+        ));
+    }
+    let holders = report.per_worker.values().filter(|&&n| n > 0).count();
+    if holders < 2 {
+        problems.push(format!(
+            "only {holders} worker process(es) ever held the lock ({:?}): no mutual \
+             exclusion was exercised",
+            report.per_worker
+        ));
+    }
     if faults.max_disturbed > MAX_DISTURBED {
         problems.push(format!(
             "injector disturbed {} nodes at once",
@@ -915,8 +762,14 @@ fn torture() {
     );
     let _ = writeln!(
         summary,
-        "torture: contended failures={} (taken={} unavailable={} expired={} other={}), \
-         extend failures={}, unlock errors={}",
+        "torture: late writes by paused holders: {} (not violations; lost increments are)",
+        report.late_writes
+    );
+    let _ = writeln!(
+        summary,
+        "torture: try_lock refused, lock held elsewhere={}, failed lock() calls={} (taken={} \
+         unavailable={} expired={} other={}), extend failures={}, unlock errors={}",
+        report.try_contended,
         report.contended_failures(),
         report.taken,
         report.unavailable,
@@ -944,6 +797,9 @@ fn torture() {
         problems.len()
     );
     println!("{summary}");
+    for l in &report.late_examples {
+        println!("  late write {l}");
+    }
     for v in report.violations.iter().take(20) {
         println!("  VIOLATION {v}");
     }
@@ -979,18 +835,14 @@ fn torture() {
 // Tests of the checker itself: it must be able to fail.
 
 fn h_line(w: usize, t: usize, hold: u64, acq: u64, deadline: u64, rel: u64) -> String {
-    format!(
-        "H {w} {t} {hold} {} {} {acq} {deadline} {rel} 0\n",
-        acq - 5,
-        acq - 3
-    )
+    hold_line(w, t, hold, acq - 5, acq - 3, acq, deadline, rel, false)
 }
 
 fn w_line(w: usize, t: usize, hold: u64, before: u64, start: u64, end: u64) -> String {
     format!("W {w} {t} {hold} {before} {} {start} {end}\n", before + 1)
 }
 
-const E_LINE: &str = "E 0 0 2 1 0 0 0 0 0 0 12\n";
+const E_LINE: &str = "E 0 0 2 1 0 0 0 0 0 0 4 12\n";
 
 #[test]
 fn checker_accepts_a_clean_log() {
@@ -1002,6 +854,7 @@ fn checker_accepts_a_clean_log() {
     assert!(r.violations.is_empty(), "{:?}", r.violations);
     assert_eq!((r.holds, r.increments, r.skipped), (2, 2, 1));
     assert_eq!(r.finished_threads, 1);
+    assert_eq!((r.taken, r.try_contended, r.late_writes), (1, 4, 0));
 }
 
 #[test]
@@ -1042,9 +895,9 @@ fn checker_reports_lost_updates() {
 
 #[test]
 fn checker_reports_writes_outside_validity_and_garbage() {
-    // Written after the deadline (300), and before the acquire returned.
+    // Started after the deadline (300), and before the acquire returned.
     let a = h_line(0, 0, 1, 100, 300, u64::MAX)
-        + &w_line(0, 0, 1, 0, 250, 320)
+        + &w_line(0, 0, 1, 0, 310, 320)
         + &w_line(0, 0, 1, 1, 90, 95);
     let r = check(&[("a".into(), a)], 2);
     let outside = r
@@ -1053,8 +906,32 @@ fn checker_reports_writes_outside_validity_and_garbage() {
         .filter(|v| v.starts_with("write outside validity"))
         .count();
     assert_eq!(outside, 2, "{:?}", r.violations);
+    assert_eq!(r.late_writes, 0);
     let r = check(&[("a".into(), "W 0 0 1 zero\n".into())], 0);
     assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
+}
+
+#[test]
+fn checker_counts_late_writes_apart_unless_they_lose_an_increment() {
+    // A paused holder: checked at 250 (inside [100, 300)), wrote at 320. The next holder
+    // starts at 330 and reads the value it wrote: nothing lost, a late write.
+    let a = h_line(0, 0, 1, 100, 300, u64::MAX) + &w_line(0, 0, 1, 0, 250, 320);
+    let b = h_line(1, 0, 1, 330, 600, 400) + &w_line(1, 0, 1, 1, 340, 350);
+    let r = check(&[("a".into(), a), ("b".into(), b)], 2);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert_eq!(r.late_writes, 1);
+    assert_eq!(r.late_examples.len(), 1);
+    // The same pause, but the next holder read the counter before the late write landed
+    // (both wrote 1): the late write lost an increment, and that is a violation.
+    let a = h_line(0, 0, 1, 100, 300, u64::MAX) + &w_line(0, 0, 1, 0, 250, 380);
+    let b = h_line(1, 0, 1, 330, 600, 400) + &w_line(1, 0, 1, 0, 340, 350);
+    let r = check(&[("a".into(), a), ("b".into(), b)], 1);
+    assert_eq!(r.late_writes, 1);
+    assert!(
+        r.violations.iter().any(|v| v.starts_with("lost update")),
+        "{:?}",
+        r.violations
+    );
 }
 
 #[test]

@@ -5,6 +5,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod admin;
+pub mod checker;
 pub mod impostor;
 pub mod proxy;
 
