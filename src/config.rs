@@ -74,9 +74,9 @@ impl Endpoint {
                 .ok_or_else(|| bad(&format!("host {host:?} resolves to no address")))?;
             Ok(Endpoint::new(Address::Tcp(addr), user, password, db))
         } else if let Some(rest) = url.strip_prefix("unix://") {
-            let (login, rest) = match rest.find('@') {
-                Some(at) if !rest[..at].contains('/') => (Some(&rest[..at]), &rest[at + 1..]),
-                _ => (None, rest),
+            let (login, rest) = match login_end("unix", rest) {
+                Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+                None => (None, rest),
             };
             let (mut user, mut password) = login
                 .map(|l| parse_login(l, &bad))
@@ -184,11 +184,25 @@ impl std::fmt::Display for Endpoint {
 }
 
 fn split_login(rest: &str) -> (Option<&str>, &str) {
-    // The login ends at the last '@' before the path, so passwords may contain '@'.
-    let end = rest.find('/').unwrap_or(rest.len());
-    match rest[..end].rfind('@') {
+    match login_end("redis", rest) {
         Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
         None => (None, rest),
+    }
+}
+
+/// Where the login ends (its '@') in the part of a URL after `scheme://`. A host, port,
+/// db or socket path holds no '@' before it, so the login runs to the last '@' (for
+/// `unix://`, the last one followed by the path's '/'): a password may hold any of
+/// `@ / ? # :`.
+fn login_end(scheme: &str, rest: &str) -> Option<usize> {
+    if scheme == "unix" {
+        if rest.starts_with('/') {
+            None
+        } else {
+            rest.rfind("@/")
+        }
+    } else {
+        rest.rfind('@')
     }
 }
 
@@ -272,31 +286,40 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// Hides the password in a URL for error messages.
+/// Hides the password in a URL for error messages and `Debug`: the login's password (or
+/// the whole login when it has no ':'), and `password=`/`pass=` query values.
 fn mask(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    // Wider than `login_end` on purpose: a malformed URL may still carry a password.
+    let at = if rest.starts_with('/') {
+        None
+    } else {
+        rest.rfind('@')
     };
-    let end = rest.find('/').unwrap_or(rest.len());
-    let masked = match rest[..end].rfind('@') {
-        Some(at) => match rest[..at].split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
-            // `redis://secret@host` is refused (a user needs a password), but the text
-            // before '@' may well be a password: never echo it.
-            None => format!("{scheme}://***{}", &rest[at..]),
-        },
-        None => url.to_string(),
+    let (login, tail) = match at {
+        Some(at) => (Some(&rest[..at]), &rest[at..]),
+        None => (None, rest),
     };
-    match masked.find("password=").or_else(|| masked.find("pass=")) {
-        Some(i) => {
-            let key_end = i + masked[i..].find('=').unwrap_or(0) + 1;
-            let val_end = masked[key_end..]
-                .find('&')
-                .map_or(masked.len(), |j| key_end + j);
-            format!("{}***{}", &masked[..key_end], &masked[val_end..])
+    let login = match login.map(|l| l.split_once(':')) {
+        Some(Some((user, _))) => format!("{user}:***"),
+        Some(None) => "***".to_string(),
+        None => String::new(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((k, _)) if k == "password" || k == "pass" => format!("{k}=***"),
+                    _ => pair.to_string(),
+                })
+                .collect();
+            format!("{path}?{}", pairs.join("&"))
         }
-        None => masked,
-    }
+        None => tail.to_string(),
+    };
+    let scheme = &url[..url.len() - rest.len()];
+    format!("{scheme}{login}{tail}")
 }
 
 /// Upper bound of every duration setting: far beyond any sensible value, and far
@@ -305,6 +328,7 @@ const MAX_SETTING_DURATION: Duration = Duration::from_secs(3600);
 
 /// Validated settings of a [`Redlock`] client.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Settings {
     /// The nodes, in the order given.
     pub nodes: Vec<Endpoint>,
@@ -625,6 +649,27 @@ mod tests {
         assert!(!err("redis://u:hunter2@127.0.0.1:0").contains("hunter2"));
         assert!(!err("unix:///tmp/s?password=hunter2&bogus=1").contains("hunter2"));
         assert!(!err("redis://hunter2@127.0.0.1").contains("hunter2"));
+        for url in [
+            "redis://app:se/cr?et#x@127.0.0.1:0",
+            "redis://app:s@e/cret@127.0.0.1:70000/1",
+            "redis://:se/cret@no-such-host.invalid:1",
+            "unix://u:se/cr@et@relative.sock",
+            "unix:///tmp/s?db=x&pass=se/cret&password=se/cret",
+            "app:se/cret@127.0.0.1:7001",
+        ] {
+            let shown = err(url);
+            assert!(
+                !shown.contains("se/cr") && !shown.contains("cret"),
+                "{shown}"
+            );
+            let debug = format!("{:?}", Builder::default().node(url));
+            assert!(!debug.contains("cret"), "{debug}");
+        }
+        // A password with '/' parses as a password, not as the start of a db.
+        let e = Endpoint::parse("redis://app:se/cret@127.0.0.1:7001/2").unwrap();
+        assert_eq!((e.password.as_deref(), e.db), (Some("se/cret"), 2));
+        let e = Endpoint::parse("unix://app:se/cr@et@/tmp/r.sock").unwrap();
+        assert_eq!(e.password.as_deref(), Some("se/cr@et"));
     }
 
     #[test]

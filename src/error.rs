@@ -116,6 +116,7 @@ impl From<ConfigError> for Error {
 
 /// Which operation failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Phase {
     /// `lock` / `try_lock` (SET NX PX).
     Acquire,
@@ -154,6 +155,7 @@ impl fmt::Display for Phase {
 /// # Ok::<(), Error>(())
 /// ```
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct Failure {
     /// The operation.
     pub op: Phase,
@@ -180,6 +182,7 @@ impl Failure {
     /// Why an [`Error::Expired`] expired, in words.
     fn expiry_reason(&self) -> &'static str {
         let still_ours = self.count(|o| matches!(o, Outcome::Locked));
+        let all_said_gone = self.count(|o| matches!(o, Outcome::NotHeld)) == self.nodes.len();
         match self.op {
             _ if self.nodes.is_empty() => {
                 "the lock expired before the extend (its validity had already run out; nothing was sent)"
@@ -187,8 +190,12 @@ impl Failure {
             Phase::Extend if still_ours >= self.quorum => {
                 "the lock expired during the extend (a quorum agreed only after its validity had run out)"
             }
-            Phase::Extend if still_ours == 0 => {
+            Phase::Extend if all_said_gone => {
                 "the lock expired before the extend: no node holds this token any more"
+            }
+            // Nodes that did not answer may still hold it, but too few did for a quorum.
+            Phase::Extend if still_ours == 0 => {
+                "the lock expired before the extend: no node that answered holds this token any more"
             }
             Phase::Extend => {
                 "the lock expired before the extend: too few nodes still hold this token"
@@ -252,6 +259,7 @@ impl fmt::Display for Failure {
 
 /// What one node did in one operation.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct NodeReport {
     /// The node as configured (its URL with any password hidden).
     pub node: String,
@@ -261,6 +269,7 @@ pub struct NodeReport {
 
 /// One node's answer for one resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// Acquire or extend succeeded on this node.
     Locked,
@@ -377,6 +386,7 @@ impl From<io::Error> for NodeError {
 
 /// An invalid setting, naming the setting and the bad value.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConfigError {
     /// The setting, e.g. `"nodes[2]"` or `"drift_factor"`.
     pub setting: String,
@@ -424,6 +434,7 @@ impl std::error::Error for ConfigError {}
 /// # Ok::<(), Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ArgumentError {
     /// The argument: `"ttl"` or `"resource"`.
     pub argument: &'static str,

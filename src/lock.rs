@@ -34,8 +34,9 @@ pub struct Lock {
     token: Token,
     ttl: Duration,
     started: Instant,
-    /// When the acquire started: every SET or extend of this lock was written after it.
-    acquired: Instant,
+    /// The nodes this lock's SET and extends were written to (a `driver::chases` mask):
+    /// an unlock follows them there even while they lag.
+    written: u64,
     // INVARIANT: deadline = start of the operation that last set the keys + ttl − drift.
     deadline: Instant,
 }
@@ -47,20 +48,26 @@ impl Lock {
         ttl: Duration,
         started: Instant,
         deadline: Instant,
+        written: u64,
     ) -> Lock {
         Lock {
             resource: Resource::new(resource),
             token,
             ttl,
             started,
-            acquired: started,
+            written,
             deadline,
         }
     }
 
-    /// When the acquire started: no command of this lock was written before.
-    pub(crate) fn acquired(&self) -> Instant {
-        self.acquired
+    /// The nodes this lock's commands were written to.
+    pub(crate) fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Adds the nodes an extend was written to, whether it succeeded or not.
+    pub(crate) fn add_written(&mut self, nodes: u64) {
+        self.written |= nodes;
     }
 
     /// The locked resource (the Redis key), exactly as given.
@@ -166,7 +173,14 @@ mod tests {
         let now = Instant::now();
         for len in [0, 1, 63, 64, 65, 1000] {
             let data: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
-            let lock = Lock::new(&data, Token::from_bits(1), Duration::from_secs(1), now, now);
+            let lock = Lock::new(
+                &data,
+                Token::from_bits(1),
+                Duration::from_secs(1),
+                now,
+                now,
+                0,
+            );
             assert_eq!(lock.resource(), &data[..]);
         }
     }
@@ -180,6 +194,7 @@ mod tests {
             Duration::from_secs(1),
             now,
             now + Duration::from_secs(60),
+            0,
         );
         assert!(lock.is_valid());
         assert!(lock.remaining() > Duration::from_secs(59));

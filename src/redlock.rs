@@ -138,12 +138,20 @@ impl Redlock {
             kind: Kind::Acquire,
             ttl_ms,
             items: &items,
-            written_since: None,
+            chase: 0,
         };
         let start = self.driver.run(&mut self.round, &req);
         if let Some(end) = self.won_until(0, Some(safe), start) {
             // Built in place: a lock is 150 bytes, not worth a copy on the hot path.
-            return Ok(Lock::new(resource, items[0].token, whole_ms, start, end));
+            let written = self.driver.written();
+            return Ok(Lock::new(
+                resource,
+                items[0].token,
+                whole_ms,
+                start,
+                end,
+                written,
+            ));
         }
         let error = self.acquire_error(resource, 0, start, attempt);
         self.lost.clear();
@@ -208,7 +216,14 @@ impl Redlock {
         attempt: u32,
     ) -> Result<Lock, Error> {
         match self.won_until(slot, safe, start) {
-            Some(end) => Ok(Lock::new(item.key, item.token, ttl, start, end)),
+            Some(end) => Ok(Lock::new(
+                item.key,
+                item.token,
+                ttl,
+                start,
+                end,
+                self.driver.written(),
+            )),
             None => Err(self.acquire_error(item.key, slot, start, attempt)),
         }
     }
@@ -245,9 +260,10 @@ impl Redlock {
             kind: Kind::Extend,
             ttl_ms,
             items: &items,
-            written_since: None,
+            chase: 0,
         };
         let start = self.driver.run(&mut self.round, &req);
+        let written = self.driver.written();
         let new_deadline = deadline(start, ttl, self.settings.drift_factor);
         let decided = self.round.decided_at(0).unwrap_or_else(Instant::now);
         let result = match self.round.decision(0) {
@@ -276,6 +292,8 @@ impl Redlock {
                 start,
             ))),
         };
+        // Succeeded or not, the extend may apply on these nodes: the unlock follows it.
+        lock.add_written(written);
         match result {
             Ok(end) => {
                 lock.renew(ttl, start, end);
@@ -309,7 +327,7 @@ impl Redlock {
             kind: Kind::Release,
             ttl_ms: 0,
             items: &items,
-            written_since: Some(lock.acquired()),
+            chase: lock.written(),
         };
         let start = self.driver.run(&mut self.round, &req);
         self.settle_release(&items[0], 0, start)
@@ -401,7 +419,7 @@ impl Redlock {
                 kind: Kind::Acquire,
                 ttl_ms,
                 items: &items,
-                written_since: None,
+                chase: 0,
             };
             self.driver.run(&mut self.round, &req)
         };
@@ -441,7 +459,7 @@ impl Redlock {
                 kind: Kind::Release,
                 ttl_ms: 0,
                 items: &items,
-                written_since: batch.iter().map(Lock::acquired).min(),
+                chase: batch.iter().fold(0, |mask, l| mask | l.written()),
             };
             let start = self.driver.run(&mut self.round, &req);
             for (slot, item) in items.iter().enumerate() {

@@ -89,7 +89,9 @@ fn extend_after_unlock_says_no_node_holds_the_token() {
     };
     let text = err.to_string();
     assert!(text.contains("expired"), "{text}");
-    assert!(text.contains("no node holds this token any more"), "{text}");
+    // The round is decided once a majority says "not ours"; every node that answered
+    // says so (all of them, when all answered before the decision).
+    assert!(text.contains("holds this token any more"), "{text}");
     assert!(!text.contains("held by another client"), "{text}");
     assert_eq!(f.op, Phase::Extend);
     assert!(f.count(|o| *o == Outcome::NotHeld) >= 3, "{text}");
@@ -135,13 +137,16 @@ fn a_silent_host_is_connecting_then_timed_out_never_lagging() {
     // Another client holds the key, so every call fails and shows each node's report.
     let mut other = client(&cluster.urls());
     let held = other
-        .lock("errors:silent", TTL)
+        .lock("errors:silent", Duration::from_secs(120))
         .expect("other client locks");
     let mut rl = client(&urls);
     let mut seen = Vec::new();
-    let timed_out = wait_until(Duration::from_secs(15), || {
+    // A connection that carries a SET is kept until that SET's ttl has run out (it may
+    // be a frozen Redis that will still apply it): short ttls, so the connect timeout
+    // shows soon.
+    let timed_out = wait_until(Duration::from_secs(30), || {
         let err = rl
-            .try_lock("errors:silent", TTL)
+            .try_lock("errors:silent", Duration::from_millis(500))
             .expect_err("held elsewhere");
         let report = failure(&err).nodes[2].outcome.clone();
         seen.push(report.to_string());

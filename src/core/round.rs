@@ -318,9 +318,13 @@ impl Round {
     /// Records `node`'s vote for `slot`. A second vote for the same pair is ignored.
     #[inline]
     pub fn record(&mut self, node: usize, slot: usize, outcome: Outcome) {
-        if outcome == Outcome::NotNeeded {
-            return; // not a vote: what a pending one reads as once the slot is decided
-        }
+        let cast = match outcome {
+            Outcome::Locked | Outcome::Released => Vote::Yes,
+            Outcome::Held | Outcome::NotHeld => Vote::No,
+            Outcome::NoReply | Outcome::Failed(_) => Vote::Failed,
+            // Not a vote: what a pending one reads as once its slot is decided.
+            Outcome::NotNeeded => return,
+        };
         let index = slot * self.nodes + node;
         let Some(vote) = self.votes.get_mut(index) else {
             return;
@@ -330,21 +334,15 @@ impl Round {
         }
         let t = &mut self.slots[slot].tally;
         t.pending -= 1;
-        *vote = match outcome {
-            Outcome::Locked | Outcome::Released => {
-                t.yes += 1;
-                Vote::Yes
-            }
-            Outcome::Held | Outcome::NotHeld => {
-                t.no += 1;
-                Vote::No
-            }
-            Outcome::NoReply | Outcome::Failed(_) | Outcome::NotNeeded => {
+        *vote = cast;
+        match cast {
+            Vote::Yes => t.yes += 1,
+            Vote::No => t.no += 1,
+            _ => {
                 t.failed += 1;
                 self.failures.push((index, outcome));
-                Vote::Failed
             }
-        };
+        }
         self.decide(slot);
     }
 

@@ -108,8 +108,9 @@ pub(crate) struct NodeConn {
     // INVARIANT: head <= tail <= inbox.len()
     head: usize,
     tail: usize,
-    /// Where parsing of the reply at `head` stopped, if it was incomplete.
-    // INVARIANT: cleared whenever `head` moves or the inbox is dropped.
+    /// Where parsing of the reply at `head` stopped, if it was incomplete. Offsets are
+    /// relative to `head`, so compacting the inbox keeps it valid.
+    // INVARIANT: cleared whenever a reply is consumed or the inbox is dropped.
     progress: Progress,
     pub pending: Fifo<Expect>,
     backoff: Duration,
@@ -126,6 +127,15 @@ pub(crate) struct NodeConn {
     /// The current round's command was handed to this connection, so after a lost
     /// attempt the node may hold our key and gets the compare-and-delete.
     pub sent: bool,
+    /// Until when a SET or extend written on this connection may still apply (the
+    /// latest start + ttl among them). While such a reply is owed, the connection is
+    /// not dropped for lagging or for a slow handshake: the bytes may already sit in the
+    /// node's socket, and an unlock's delete must follow them on the same connection.
+    owed_until: Option<Instant>,
+    /// This connection has seen a script answer (not `NOSCRIPT`): the node has the
+    /// scripts cached, so EVALSHA is safe. Until then scripts go as EVAL: a `NOSCRIPT`
+    /// that comes back after its round (a frozen node) would leave the key behind.
+    pub scripts_known: bool,
 }
 
 impl NodeConn {
@@ -149,6 +159,8 @@ impl NodeConn {
             suspect: false,
             may_resend: false,
             sent: false,
+            owed_until: None,
+            scripts_known: false,
         }
     }
 
@@ -167,9 +179,12 @@ impl NodeConn {
         let connecting = self.state == State::Connecting || self.handshaking();
         match self.state {
             State::Down if now >= self.retry_at => self.connect(registry, now, max_backoff),
+            // A handshaking connection that carries a lock write is kept (see
+            // `owed_until`); one still in TCP connect has written nothing yet.
             State::Connecting | State::Ready
                 if connecting
-                    && now.saturating_duration_since(self.connect_started) > connect_timeout =>
+                    && now.saturating_duration_since(self.connect_started) > connect_timeout
+                    && !self.holds_live_write(now) =>
             {
                 self.fail(registry, NodeError::ConnectTimeout, now, max_backoff);
                 // The next connection is sent nothing until its handshake is answered:
@@ -192,12 +207,25 @@ impl NodeConn {
         )
     }
 
-    /// Still owes the reply to a SET or an extend written at or after `since`: such a
-    /// command may yet apply when the node answers.
-    pub fn owes_write_since(&self, since: Instant) -> bool {
-        self.pending.iter().any(|e| {
-            e.sent_at >= since && matches!(e.kind, Expected::Command(Kind::Acquire | Kind::Extend))
-        })
+    /// Notes that a SET or extend that may apply until `until` was written here.
+    #[inline]
+    pub fn note_write(&mut self, until: Option<Instant>) {
+        if let Some(u) = until {
+            if self.owed_until.is_none_or(|o| o < u) {
+                self.owed_until = Some(u);
+            }
+        }
+    }
+
+    /// Still owes the reply to a SET or an extend that could yet apply at `now`: such a
+    /// connection must not be dropped, or the node could apply the write after our
+    /// delete, sent on another connection, in any order.
+    pub fn holds_live_write(&self, now: Instant) -> bool {
+        self.owed_until.is_some_and(|u| now < u)
+            && self
+                .pending
+                .iter()
+                .any(|e| matches!(e.kind, Expected::Command(Kind::Acquire | Kind::Extend)))
     }
 
     /// The bytes received and not yet parsed (for error reports).
@@ -254,6 +282,7 @@ impl NodeConn {
         }
         self.stream = Some(stream);
         self.generation += 1;
+        self.scripts_known = false;
         self.state = State::Connecting;
         self.connect_started = now;
         // The handshake goes first in the outbox; commands queue behind it.
@@ -505,6 +534,7 @@ impl NodeConn {
         let buf = self.inbox.get(self.head..self.tail)?;
         let (yes, used) = quick_vote(kind, buf)?;
         let vote = (expect.round, expect.slot, yes);
+        self.scripts_known |= kind != Kind::Acquire;
         self.consume(used);
         Some(vote)
     }
@@ -547,6 +577,7 @@ impl NodeConn {
         self.tail = 0;
         self.progress.clear();
         self.pending.clear();
+        self.owed_until = None;
         self.down = NodeError::Down(Arc::new(error));
         self.retry_at = now + self.backoff;
         self.backoff = if self.backoff.is_zero() {

@@ -17,22 +17,29 @@
 //! - A round never waits past `node_timeout` counted from its start (taken before the
 //!   commands are encoded and sent), give or take the microseconds spent handling
 //!   replies between two clock readings and one late wakeup (see `core::budget`; a wait
-//!   that ends with no event re-reads the clock). Connecting, reconnecting and
-//!   handshakes never block: a node that is not ready just votes "failed".
+//!   that ends with no event, and any slow-path work, re-read the clock). Connecting,
+//!   reconnecting and handshakes never block: a node that is not ready just votes
+//!   "failed".
 //! - Replies are matched through each connection's FIFO of expected replies, tagged with
 //!   the round they belong to; replies of earlier rounds are read and discarded, never
 //!   counted in a later one.
-//! - A node that still owes replies older than `node_timeout` is "lagging": it is sent
-//!   nothing new and not waited for, so a frozen minority costs nothing once it has been
-//!   seen to lag, and its backlog does not grow.
+//! - A node that still owes replies older than `node_timeout` is "lagging": it is not
+//!   waited for and is sent no new lock command, so a frozen minority costs nothing once
+//!   it has been seen to lag. The one thing queued to it is an unlock's compare-and-delete
+//!   for a lock whose SET or extend was written there: it runs right after the stale
+//!   write when the node wakes.
 //! - A connection found closed during a round (server timeout, `CLIENT KILL`, restart)
 //!   is reopened and the command resent once, within the round.
 //! - Before a lock or extend command goes out, one non-blocking poll takes in whatever
 //!   arrived meanwhile, so a byte no command asked for is caught as such instead of
 //!   being read as the answer to the new command.
-//! - A node lagging for `max(20 × node_timeout, 1 s)` has its connection reset, and the
-//!   new connection is sent nothing until its handshake is answered: a frozen server's
-//!   kernel still accepts connections, and waiting on one would cost `node_timeout`.
+//! - A node lagging for `max(20 × node_timeout, 1 s)` has its connection reset (and a
+//!   handshake unanswered after `connect_timeout` is dropped), unless the connection
+//!   still owes the reply to a SET or extend whose ttl has not run out: dropping it would
+//!   let that write apply after our delete, sent on another connection. A new connection
+//!   after a reset or a connect timeout is sent nothing until its handshake is answered:
+//!   a frozen server's kernel still accepts connections, and waiting on one would cost
+//!   `node_timeout`.
 
 pub(crate) mod conn;
 mod fifo;
@@ -62,10 +69,10 @@ pub(crate) struct Request<'a> {
     pub kind: Kind,
     pub ttl_ms: u64,
     pub items: &'a [Item<'a>],
-    /// For a release: when the earliest lock command for these items was written. A
-    /// lagging node that still owes a reply to a SET or extend written since then gets
-    /// the release queued behind it.
-    pub written_since: Option<Instant>,
+    /// For a release: the nodes the items' SETs and extends were written to
+    /// ([`Driver::written`]). Such a node gets the release even while it lags, queued
+    /// behind whatever it has not run yet.
+    pub chase: u64,
 }
 
 /// The round in progress, while events are dispatched.
@@ -100,6 +107,9 @@ pub(crate) struct Driver {
     /// Set by the slow paths (general parser, connection events): work the wait budget
     /// does not count, so the next wait is sized by the clock.
     slow_work: bool,
+    /// For the current round's SET or extend: its start + ttl, after which a copy of it
+    /// stuck in a node's socket can no longer leave a key behind.
+    write_until: Option<Instant>,
 }
 
 impl Driver {
@@ -127,6 +137,7 @@ impl Driver {
             limits: settings.limits,
             fast_votes: settings.limits.max_line_len >= 2,
             slow_work: false,
+            write_until: None,
         };
         // Start connecting now, so the first call finds connections ready.
         for conn in &mut driver.conns {
@@ -156,6 +167,10 @@ impl Driver {
             Instant::now()
         };
         self.round_id += 1;
+        self.write_until = match req.kind {
+            Kind::Release => None,
+            Kind::Acquire | Kind::Extend => start.checked_add(Duration::from_millis(req.ttl_ms)),
+        };
         round.begin(req.kind, self.conns.len(), req.items.len());
         let frame = &mut self.frames[(self.round_id & 1) as usize];
         frame.clear();
@@ -180,9 +195,11 @@ impl Driver {
                     *lag_cutoff.get_or_insert_with(|| start.checked_sub(self.node_timeout));
                 conn.is_lagging(cutoff)
             });
-            if conn.state == State::Ready && !conn.suspect && !lagging {
+            let by_sha_ok = req.kind == Kind::Acquire || conn.scripts_known;
+            if conn.state == State::Ready && !conn.suspect && !lagging && by_sha_ok {
                 conn.may_resend = true;
                 conn.sent = true;
+                conn.note_write(self.write_until);
                 if let Err(e) = conn.send(
                     self.frames[(self.round_id & 1) as usize].bytes(),
                     expect,
@@ -248,25 +265,28 @@ impl Driver {
     ) {
         self.conns[node].may_resend = false;
         self.conns[node].sent = false;
-        // A connection whose handshake is unanswered is still connecting, not lagging:
-        // the connect timeout, not the lag reset, bounds it.
-        if !self.conns[node].handshaking() && self.conns[node].is_lagging(lag_cutoff) {
+        if self.conns[node].is_lagging(lag_cutoff) {
             // The caller may simply not have polled for a while (it was busy in its
             // critical section) while the replies sit unread in the socket: read them
             // before calling the node lagging.
             self.on_event(node, true, false, None);
-            if self.conns[node].is_lagging(now.checked_sub(self.stale_after)) {
-                let conn = &mut self.conns[node];
-                conn.fail(
-                    self.poll.registry(),
-                    NodeError::Lagging,
-                    now,
-                    self.max_backoff,
-                );
-                conn.suspect = true;
-            }
         }
         let conn = &mut self.conns[node];
+        // A stream that lags this long may have lost bytes (a broken middlebox): start
+        // afresh. Not a handshake (the connect timeout bounds it), and not while a lock
+        // write may still apply there (see `NodeConn::holds_live_write`).
+        if !conn.handshaking()
+            && conn.is_lagging(now.checked_sub(self.stale_after))
+            && !conn.holds_live_write(now)
+        {
+            conn.fail(
+                self.poll.registry(),
+                NodeError::Lagging,
+                now,
+                self.max_backoff,
+            );
+            conn.suspect = true;
+        }
         if conn.state != State::Ready || conn.handshaking() {
             conn.maintain(
                 self.poll.registry(),
@@ -287,31 +307,37 @@ impl Driver {
             } else {
                 NodeError::Lagging
             };
-            if let Some(since) = active.req.written_since {
-                if conn.owes_write_since(since) {
-                    self.release_behind_stale(node, active.req.items, now);
-                }
+            if active.req.kind == Kind::Release && chases(active.req.chase, node) {
+                self.release_behind_stale(node, active.req.items, now);
             }
             // Nothing else new is queued for a node that does not read: its backlog would
             // only grow. A lock command queued there earlier may apply when it wakes up;
-            // that key then holds only that node, for at most the ttl, under a token
-            // nobody reuses, and is deleted by the holder's unlock (above).
+            // the holder's unlock follows it there (above), or the key expires with the
+            // ttl under a token nobody reuses.
             active.round.fail_node(node, &why);
             return;
         }
         conn.may_resend = true;
         conn.sent = true;
+        conn.note_write(self.write_until);
         let expect = Expect {
             round: self.round_id,
             slot: 0,
             kind: Expected::Command(active.req.kind),
             sent_at: now,
         };
-        if let Err(e) = conn.send(
-            self.frames[(self.round_id & 1) as usize].bytes(),
-            expect,
-            active.req.items.len(),
-        ) {
+        let bytes = if active.req.kind == Kind::Acquire || conn.scripts_known {
+            self.frames[(self.round_id & 1) as usize].bytes()
+        } else {
+            // The scripts themselves until this connection has seen one answered.
+            self.extra.clear();
+            let cmd = cmd_of(active.req.kind, active.req.ttl_ms, false);
+            for item in active.req.items {
+                command::encode(&mut self.extra, cmd, item.key, &item.token);
+            }
+            &self.extra
+        };
+        if let Err(e) = conn.send(bytes, expect, active.req.items.len()) {
             self.fail_conn(node, e, Some(active));
         }
     }
@@ -557,7 +583,11 @@ impl Driver {
                 (_, None) => Step::Next,
             },
         };
+        // A script answered 0 or 1: the node has the scripts cached.
+        let script_answered = matches!(expect.kind, Expected::Command(k) if k != Kind::Acquire)
+            && matches!(reply, Reply::Integer(0 | 1));
         conn.consume(used);
+        conn.scripts_known |= script_answered;
         match step {
             Step::Next => {}
             Step::Fail(e) => {
@@ -637,6 +667,7 @@ impl Driver {
                     .is_ok()
                 {
                     conn.sent = true;
+                    conn.note_write(self.write_until);
                     return;
                 }
                 conn.fail(
@@ -705,6 +736,15 @@ impl Driver {
         }
     }
 
+    /// The nodes the last round's command was handed to, as a [`chases`] mask.
+    pub fn written(&self) -> u64 {
+        self.conns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.sent)
+            .fold(0, |mask, (i, _)| mask | node_bit(i))
+    }
+
     /// Sum of buffer capacities over all nodes (for tests of bounded memory).
     pub fn buffered(&self) -> usize {
         self.conns.iter().map(NodeConn::buffered).sum::<usize>()
@@ -720,6 +760,19 @@ enum Step {
     NoScript,
     LateNoScript,
     Fail(NodeError),
+}
+
+/// A node's bit in a mask of nodes: nodes from 63 on share the last bit, so a mask is
+/// exact for up to 63 nodes and errs on the side of including a node beyond.
+#[inline]
+pub(crate) fn node_bit(node: usize) -> u64 {
+    1 << node.min(63)
+}
+
+/// Whether `mask` includes `node`.
+#[inline]
+pub(crate) fn chases(mask: u64, node: usize) -> bool {
+    mask & node_bit(node) != 0
 }
 
 fn lossy(bytes: &[u8]) -> String {

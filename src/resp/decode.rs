@@ -113,6 +113,7 @@ const UNBOUNDED: Limits = Limits {
 /// Why bytes from a server are not RESP2. Every variant is fatal for the connection:
 /// the stream can no longer be trusted to be in step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ProtocolError {
     /// The first byte of a reply is not one of `+ - : $ *`.
     UnknownType(u8),

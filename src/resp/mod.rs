@@ -42,10 +42,14 @@ pub use value::Value;
 /// # Example
 ///
 /// ```
-/// use quorumlock::__private::resp::{decode, Limits, ProtocolError};
+/// use quorumlock::{Limits, Redlock};
 ///
-/// let tight = Limits { max_bulk_len: 4, ..Limits::default() };
-/// assert_eq!(decode(b"$5\r\nhello\r\n", &tight), Err(ProtocolError::BulkTooLong));
+/// // A node that sends a bulk string over 64 KiB is cut off with a protocol error.
+/// let rl = Redlock::builder()
+///     .nodes(["redis://127.0.0.1:7001"])
+///     .limits(Limits { max_bulk_len: 64 * 1024, ..Limits::default() })
+///     .build()?;
+/// # Ok::<(), quorumlock::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
