@@ -8,6 +8,8 @@
 //! - [`command`]: the SET, release and extend commands as RESP bytes.
 //! - [`script`]: the compare-and-delete and compare-and-pexpire Lua scripts.
 //! - [`token`]: unique lock values.
+//! - [`session`]: one node's protocol state without its socket: connection lifecycle,
+//!   handshake, buffers, the FIFO of owed replies (`fifo`), backoff, lag.
 //!
 //! # Invariants
 //!
@@ -17,7 +19,9 @@
 
 pub mod budget;
 pub mod command;
+pub(crate) mod fifo;
 pub mod quorum;
 pub mod round;
 pub mod script;
+pub mod session;
 pub mod token;

@@ -42,16 +42,16 @@
 //!   `node_timeout`.
 
 pub(crate) mod conn;
-mod fifo;
 
 use crate::config::Settings;
 use crate::core::budget::WaitBudget;
 use crate::core::command::{self, Cmd, Frame};
 use crate::core::round::{Kind, Reaction, Round, interpret};
+use crate::core::session::{Expect, Expected, State};
 use crate::core::token::Token;
 use crate::error::{NodeError, Outcome};
 use crate::resp::{Limits, ProtocolError, Reply};
-use conn::{Expect, Expected, NodeConn, ReadFast, State};
+use conn::{NodeConn, ReadFast};
 use mio::{Events, Poll};
 use std::io;
 use std::time::{Duration, Instant};
@@ -190,16 +190,17 @@ impl Driver {
         for node in 0..self.conns.len() {
             let conn = &mut self.conns[node];
             // The common case inline: a healthy connection with nothing queued.
-            let lagging = conn.pending.front().is_some_and(|_| {
+            let lagging = conn.session.pending.front().is_some_and(|_| {
                 let cutoff =
                     *lag_cutoff.get_or_insert_with(|| start.checked_sub(self.node_timeout));
-                conn.is_lagging(cutoff)
+                conn.session.is_lagging(cutoff)
             });
-            let by_sha_ok = req.kind == Kind::Acquire || conn.scripts_known;
-            if conn.state == State::Ready && !conn.suspect && !lagging && by_sha_ok {
-                conn.may_resend = true;
-                conn.sent = true;
-                conn.note_write(self.write_until);
+            let by_sha_ok = req.kind == Kind::Acquire || conn.session.scripts_known;
+            if conn.session.state == State::Ready && !conn.session.suspect && !lagging && by_sha_ok
+            {
+                conn.session.may_resend = true;
+                conn.session.sent = true;
+                conn.session.note_write(self.write_until);
                 if let Err(e) = conn.send(
                     self.frames[(self.round_id & 1) as usize].bytes(),
                     expect,
@@ -263,9 +264,9 @@ impl Driver {
         now: Instant,
         lag_cutoff: Option<Instant>,
     ) {
-        self.conns[node].may_resend = false;
-        self.conns[node].sent = false;
-        if self.conns[node].is_lagging(lag_cutoff) {
+        self.conns[node].session.may_resend = false;
+        self.conns[node].session.sent = false;
+        if self.conns[node].session.is_lagging(lag_cutoff) {
             // The caller may simply not have polled for a while (it was busy in its
             // critical section) while the replies sit unread in the socket: read them
             // before calling the node lagging.
@@ -275,9 +276,9 @@ impl Driver {
         // A stream that lags this long may have lost bytes (a broken middlebox): start
         // afresh. Not a handshake (the connect timeout bounds it), and not while a lock
         // write may still apply there (see `NodeConn::holds_live_write`).
-        if !conn.handshaking()
-            && conn.is_lagging(now.checked_sub(self.stale_after))
-            && !conn.holds_live_write(now)
+        if !conn.session.handshaking()
+            && conn.session.is_lagging(now.checked_sub(self.stale_after))
+            && !conn.session.holds_live_write(now)
         {
             conn.fail(
                 self.poll.registry(),
@@ -285,9 +286,9 @@ impl Driver {
                 now,
                 self.max_backoff,
             );
-            conn.suspect = true;
+            conn.session.suspect = true;
         }
-        if conn.state != State::Ready || conn.handshaking() {
+        if conn.session.state != State::Ready || conn.session.handshaking() {
             conn.maintain(
                 self.poll.registry(),
                 now,
@@ -295,14 +296,14 @@ impl Driver {
                 self.max_backoff,
             );
         }
-        if conn.state == State::Down {
-            active.round.fail_node(node, &conn.down_error());
+        if conn.session.state == State::Down {
+            active.round.fail_node(node, &conn.session.down_error());
             return;
         }
-        if conn.suspect || conn.is_lagging(lag_cutoff) {
+        if conn.session.suspect || conn.session.is_lagging(lag_cutoff) {
             // A connection that has not finished its handshake is connecting, whatever
             // made it slow; one that answered it and then fell behind is lagging.
-            let why = if conn.handshaking() {
+            let why = if conn.session.handshaking() {
                 NodeError::Connecting
             } else {
                 NodeError::Lagging
@@ -317,16 +318,16 @@ impl Driver {
             active.round.fail_node(node, &why);
             return;
         }
-        conn.may_resend = true;
-        conn.sent = true;
-        conn.note_write(self.write_until);
+        conn.session.may_resend = true;
+        conn.session.sent = true;
+        conn.session.note_write(self.write_until);
         let expect = Expect {
             round: self.round_id,
             slot: 0,
             kind: Expected::Command(active.req.kind),
             sent_at: now,
         };
-        let bytes = if active.req.kind == Kind::Acquire || conn.scripts_known {
+        let bytes = if active.req.kind == Kind::Acquire || conn.session.scripts_known {
             self.frames[(self.round_id & 1) as usize].bytes()
         } else {
             // The scripts themselves until this connection has seen one answered.
@@ -393,7 +394,7 @@ impl Driver {
             // The hot path: replies on an established connection with nothing queued.
             if readable && !closed {
                 if let Some(conn) = self.conns.get_mut(node) {
-                    if conn.state == State::Ready && !conn.has_unsent() {
+                    if conn.session.state == State::Ready && !conn.session.has_unsent() {
                         let active = active.as_deref_mut();
                         match conn.read_fast() {
                             ReadFast::Drained => self.dispatch_fresh(node, active),
@@ -422,17 +423,17 @@ impl Driver {
         let Some(conn) = self.conns.get_mut(node) else {
             return;
         };
-        if conn.state == State::Down {
+        if conn.session.state == State::Down {
             return; // an event for a socket already dropped
         }
-        if conn.state == State::Connecting {
+        if conn.session.state == State::Connecting {
             match conn.finish_connect(Instant::now()) {
                 Ok(true) => {}
                 Ok(false) => return,
                 Err(e) => return self.fail_conn(node, e, active),
             }
         }
-        if conn.has_unsent() {
+        if conn.session.has_unsent() {
             if let Err(e) = conn.flush() {
                 return self.fail_conn(node, e, active);
             }
@@ -450,12 +451,12 @@ impl Driver {
     /// Dispatches what was read before the peer closed, then drops the connection.
     #[cold]
     fn dispatch_then_close(&mut self, node: usize, mut active: Option<&mut Active<'_>>) {
-        let generation = self.conns[node].generation;
+        let generation = self.conns[node].session.generation;
         self.dispatch(node, active.as_deref_mut());
         // Only the connection that was read can be declared closed: dispatch may have
         // replaced it (a resend after a failure) with a fresh one.
         let conn = &self.conns[node];
-        if conn.state != State::Down && conn.generation == generation {
+        if conn.session.state != State::Down && conn.session.generation == generation {
             self.fail_conn(node, NodeError::Closed, active);
         }
     }
@@ -474,7 +475,7 @@ impl Driver {
     fn dispatch(&mut self, node: usize, mut active: Option<&mut Active<'_>>) {
         loop {
             let conn = &self.conns[node];
-            if conn.state != State::Ready || !conn.has_input() {
+            if conn.session.state != State::Ready || !conn.session.has_input() {
                 return;
             }
             if !self.take_votes(node, active.as_deref_mut()) {
@@ -496,7 +497,7 @@ impl Driver {
             return false;
         };
         if self.fast_votes {
-            while let Some((round, slot, yes)) = conn.take_vote() {
+            while let Some((round, slot, yes)) = conn.session.take_vote() {
                 // Votes count only in the round that is waiting for them; a late reply of
                 // an earlier round is read and dropped.
                 if round == round_id {
@@ -504,12 +505,12 @@ impl Driver {
                         a.round.tally(node, slot as usize, yes);
                     }
                 }
-                if !conn.has_input() {
+                if !conn.session.has_input() {
                     return false;
                 }
             }
         }
-        conn.has_input()
+        conn.session.has_input()
     }
 
     /// Handles the next reply in `node`'s inbox in full generality; false when there is
@@ -519,19 +520,19 @@ impl Driver {
         // Whatever happens next took parser time the wait budget did not see.
         self.slow_work = true;
         let conn = &mut self.conns[node];
-        let Some(expect) = conn.pending.front().copied() else {
+        let Some(expect) = conn.session.pending.front().copied() else {
             let e = NodeError::UnexpectedReply("a reply nobody asked for");
             self.fail_conn(node, e, active);
             return false;
         };
-        let (reply, used) = match conn.peek(&self.limits) {
+        let (reply, used) = match conn.session.peek(&self.limits) {
             Ok(None) => return false,
             Ok(Some(parsed)) => parsed,
             Err(e) => {
                 let e = match (e, expect.kind) {
                     // The first reply is not RESP at all: say what the peer is not.
                     (ProtocolError::UnknownType(_), Expected::Status(_)) => {
-                        NodeError::not_redis(conn.unparsed())
+                        NodeError::not_redis(conn.session.unparsed())
                     }
                     _ => NodeError::Protocol(e),
                 };
@@ -586,8 +587,8 @@ impl Driver {
         // A script answered 0 or 1: the node has the scripts cached.
         let script_answered = matches!(expect.kind, Expected::Command(k) if k != Kind::Acquire)
             && matches!(reply, Reply::Integer(0 | 1));
-        conn.consume(used);
-        conn.scripts_known |= script_answered;
+        conn.session.consume(used);
+        conn.session.scripts_known |= script_answered;
         match step {
             Step::Next => {}
             Step::Fail(e) => {
@@ -643,7 +644,7 @@ impl Driver {
         // Closed or reset: most likely the server dropped a connection we had not used
         // for a while (timeout, CLIENT KILL, restart). Anything else is the node's fault.
         let stale = matches!(error, NodeError::Closed | NodeError::Io(..));
-        let resend = std::mem::take(&mut self.conns[node].may_resend) && stale;
+        let resend = std::mem::take(&mut self.conns[node].session.may_resend) && stale;
         let conn = &mut self.conns[node];
         conn.fail(self.poll.registry(), error.clone(), now, self.max_backoff);
         let Some(active) = active else {
@@ -651,7 +652,7 @@ impl Driver {
         };
         if resend {
             conn.reconnect_now(self.poll.registry(), now, self.max_backoff);
-            if conn.state != State::Down {
+            if conn.session.state != State::Down {
                 let expect = Expect {
                     round: self.round_id,
                     slot: 0,
@@ -666,8 +667,8 @@ impl Driver {
                     )
                     .is_ok()
                 {
-                    conn.sent = true;
-                    conn.note_write(self.write_until);
+                    conn.session.sent = true;
+                    conn.session.note_write(self.write_until);
                     return;
                 }
                 conn.fail(
@@ -717,11 +718,11 @@ impl Driver {
         let now = Instant::now();
         for node in 0..self.conns.len() {
             let conn = &mut self.conns[node];
-            if !conn.sent {
+            if !conn.session.sent {
                 continue;
             }
             conn.reconnect_now(self.poll.registry(), now, self.max_backoff);
-            if conn.state == State::Down {
+            if conn.session.state == State::Down {
                 continue;
             }
             let expect = Expect {
@@ -741,7 +742,7 @@ impl Driver {
         self.conns
             .iter()
             .enumerate()
-            .filter(|(_, c)| c.sent)
+            .filter(|(_, c)| c.session.sent)
             .fold(0, |mask, (i, _)| mask | node_bit(i))
     }
 
