@@ -23,7 +23,7 @@
 //! - `outbox` never exceeds `MAX_OUTBOX` bytes, nor `pending` `MAX_PENDING` entries.
 
 use super::fifo::Fifo;
-use super::round::{Kind, quick_vote};
+use super::round::{Kind, Reaction, interpret, quick_vote};
 use crate::error::NodeError;
 use crate::resp::encode::command;
 use crate::resp::{Limits, Progress, ProtocolError, Reply, decode_resume};
@@ -39,7 +39,7 @@ const MAX_PENDING: usize = 1 << 16;
 const INBOX: usize = 16 * 1024;
 
 /// What a queued reply belongs to.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Expect {
     /// The round that counts this reply; 0 for replies nobody waits for.
     pub round: u64,
@@ -89,6 +89,42 @@ pub enum State {
     /// Established (the handshake may still be unanswered: see
     /// [`Session::handshaking`]).
     Ready,
+}
+
+/// What the next reply in a node's inbox means, once consumed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// A handshake command was answered as it must be.
+    Handshake,
+    /// A vote for `slot` of `round` (which may be over: the caller drops it then).
+    Vote {
+        /// The round the command belonged to.
+        round: u64,
+        /// The resource within the round.
+        slot: u32,
+        /// Locked, extended or released.
+        yes: bool,
+    },
+    /// The server refused the command (`OOM`, `LOADING`, `READONLY`, ...): a failed vote.
+    Refused {
+        /// The round the command belonged to.
+        round: u64,
+        /// The resource within the round.
+        slot: u32,
+        /// The server's error.
+        error: NodeError,
+    },
+    /// The server lost its script cache: the command must go again, as EVAL.
+    NoScript(Expect),
+    /// The stream can no longer be trusted (a reply nobody asked for, bytes that are not
+    /// RESP, a refused login, a reply that does not fit its command): drop the
+    /// connection. `failed` is the command it was answering, whose vote fails.
+    Broken {
+        /// Why.
+        error: NodeError,
+        /// The (round, slot) of the command answered, if it was a lock command.
+        failed: Option<(u64, u32)>,
+    },
 }
 
 /// The login a new connection sends before anything else.
@@ -380,6 +416,82 @@ impl Session {
         Some(vote)
     }
 
+    /// Reads the next complete reply in the inbox, in full generality, and says what it
+    /// means; `None` while it is incomplete (or the inbox is empty). Everything but
+    /// [`Answer::Broken`] consumes the reply and its entry in `pending`.
+    pub fn next_answer(&mut self, limits: &Limits) -> Option<Answer> {
+        if !self.has_input() {
+            return None;
+        }
+        let Some(expect) = self.pending.front().copied() else {
+            return Some(Answer::Broken {
+                error: NodeError::UnexpectedReply("a reply nobody asked for"),
+                failed: None,
+            });
+        };
+        let (reply, used) = match self.peek(limits) {
+            Ok(None) => return None,
+            Ok(Some(parsed)) => parsed,
+            Err(e) => {
+                let error = match (e, expect.kind) {
+                    // The first reply is not RESP at all: say what the peer is not.
+                    (ProtocolError::UnknownType(_), Expected::Status(_)) => {
+                        NodeError::not_redis(self.unparsed())
+                    }
+                    _ => NodeError::Protocol(e),
+                };
+                return Some(Answer::Broken {
+                    error,
+                    failed: None,
+                });
+            }
+        };
+        let (round, slot) = (expect.round, expect.slot);
+        // The reply borrows the inbox: decide, then consume; copy only what a failure
+        // reports.
+        let answer = match expect.kind {
+            Expected::Status(want) => match reply {
+                Reply::Simple(got) if got == want.text() => Answer::Handshake,
+                Reply::Error(msg) => Answer::Broken {
+                    error: NodeError::Handshake(lossy(msg)),
+                    failed: None,
+                },
+                _ => Answer::Broken {
+                    error: NodeError::UnexpectedReply(
+                        "the handshake (AUTH, SELECT, PING) was answered out of step",
+                    ),
+                    failed: None,
+                },
+            },
+            Expected::Command(kind) => match interpret(kind, &reply) {
+                reaction @ (Reaction::Yes | Reaction::No) => Answer::Vote {
+                    round,
+                    slot,
+                    yes: reaction == Reaction::Yes,
+                },
+                Reaction::Refused(msg) => Answer::Refused {
+                    round,
+                    slot,
+                    error: NodeError::Server(lossy(msg)),
+                },
+                Reaction::NoScript => Answer::NoScript(expect),
+                Reaction::Desync(what) => Answer::Broken {
+                    error: NodeError::UnexpectedReply(what),
+                    failed: Some((round, slot)),
+                },
+            },
+        };
+        if !matches!(answer, Answer::Broken { .. }) {
+            self.consume(used);
+        }
+        // A script answered 0 or 1: the node has the scripts cached.
+        if matches!(answer, Answer::Vote { .. }) && expect.kind != Expected::Command(Kind::Acquire)
+        {
+            self.scripts_known = true;
+        }
+        Some(answer)
+    }
+
     /// True when unparsed bytes wait in the inbox.
     #[inline]
     pub fn has_input(&self) -> bool {
@@ -481,6 +593,10 @@ impl Session {
             + self.outbox.capacity()
             + self.pending.capacity() * std::mem::size_of::<Expect>()
     }
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
 }
 
 #[cfg(test)]
@@ -618,5 +734,120 @@ mod tests {
             s.enqueue(command_expect(1, Kind::Release, now), MAX_PENDING)
                 .is_err()
         );
+    }
+
+    /// A session past its handshake, owing the given commands (round 1, slots 0..).
+    fn ready_owing(kinds: &[Kind]) -> Session {
+        let now = Instant::now();
+        let mut s = Session::new(Login::default(), now);
+        s.opened(now);
+        s.established(now).unwrap();
+        feed(&mut s, b"+PONG\r\n");
+        assert_eq!(s.next_answer(&Limits::default()), Some(Answer::Handshake));
+        for (slot, &kind) in kinds.iter().enumerate() {
+            let expect = Expect {
+                slot: slot as u32,
+                ..command_expect(1, kind, now)
+            };
+            s.enqueue(expect, 1).unwrap();
+        }
+        s
+    }
+
+    #[test]
+    fn every_reply_means_one_thing_and_nothing_is_counted_twice() {
+        let limits = Limits::default();
+        let mut s = ready_owing(&[Kind::Acquire, Kind::Extend, Kind::Release, Kind::Release]);
+        feed(
+            &mut s,
+            b"-OOM command not allowed\r\n:1\r\n-NOSCRIPT No matching script\r\n+OK\r\n",
+        );
+        assert_eq!(
+            s.next_answer(&limits),
+            Some(Answer::Refused {
+                round: 1,
+                slot: 0,
+                error: NodeError::Server("OOM command not allowed".into())
+            })
+        );
+        assert_eq!(
+            s.next_answer(&limits),
+            Some(Answer::Vote {
+                round: 1,
+                slot: 1,
+                yes: true
+            })
+        );
+        assert!(s.scripts_known);
+        assert!(matches!(
+            s.next_answer(&limits),
+            Some(Answer::NoScript(Expect { slot: 2, .. }))
+        ));
+        // `+OK` to a script: the stream is out of step; the vote of that command fails.
+        assert_eq!(
+            s.next_answer(&limits),
+            Some(Answer::Broken {
+                error: NodeError::UnexpectedReply(
+                    "script answered with something other than 0 or 1"
+                ),
+                failed: Some((1, 3)),
+            })
+        );
+    }
+
+    #[test]
+    fn a_reply_nobody_asked_for_breaks_the_stream() {
+        let limits = Limits::default();
+        let mut s = ready_owing(&[Kind::Acquire]);
+        feed(&mut s, b"$-1\r\n+OK\r\n");
+        assert_eq!(
+            s.next_answer(&limits),
+            Some(Answer::Vote {
+                round: 1,
+                slot: 0,
+                yes: false
+            })
+        );
+        assert_eq!(
+            s.next_answer(&limits),
+            Some(Answer::Broken {
+                error: NodeError::UnexpectedReply("a reply nobody asked for"),
+                failed: None,
+            })
+        );
+    }
+
+    #[test]
+    fn a_handshake_answered_wrongly_names_the_peer() {
+        let limits = Limits::default();
+        let now = Instant::now();
+        let mut s = Session::new(Login::default(), now);
+        s.opened(now);
+        s.established(now).unwrap();
+        feed(&mut s, b"HTTP/1.1 400 Bad Request\r\n");
+        assert!(matches!(
+            s.next_answer(&limits),
+            Some(Answer::Broken { error: NodeError::NotRedis(ref shown), failed: None })
+                if shown.starts_with("HTTP/1.1 400")
+        ));
+        let mut s = Session::new(
+            Login {
+                password: Some("wrong".into()),
+                ..Login::default()
+            },
+            now,
+        );
+        s.opened(now);
+        s.established(now).unwrap();
+        feed(&mut s, b"-WRONGPASS invalid username-password pair\r\n");
+        assert!(matches!(
+            s.next_answer(&limits),
+            Some(Answer::Broken { error: NodeError::Handshake(ref m), failed: None })
+                if m.starts_with("WRONGPASS")
+        ));
+        // An incomplete reply is no answer yet.
+        let mut s = ready_owing(&[Kind::Acquire]);
+        feed(&mut s, b"+O");
+        assert_eq!(s.next_answer(&limits), None);
     }
 }

@@ -46,11 +46,11 @@ pub(crate) mod conn;
 use crate::config::Settings;
 use crate::core::budget::WaitBudget;
 use crate::core::command::{self, Cmd, Frame};
-use crate::core::round::{Kind, Reaction, Round, interpret};
-use crate::core::session::{Expect, Expected, State};
+use crate::core::round::{Kind, Round};
+use crate::core::session::{Answer, Expect, Expected, State};
 use crate::core::token::Token;
 use crate::error::{NodeError, Outcome};
-use crate::resp::{Limits, ProtocolError, Reply};
+use crate::resp::Limits;
 use conn::{NodeConn, ReadFast};
 use mio::{Events, Poll};
 use std::io;
@@ -519,112 +519,62 @@ impl Driver {
     fn dispatch_one(&mut self, node: usize, mut active: Option<&mut Active<'_>>) -> bool {
         // Whatever happens next took parser time the wait budget did not see.
         self.slow_work = true;
-        let conn = &mut self.conns[node];
-        let Some(expect) = conn.session.pending.front().copied() else {
-            let e = NodeError::UnexpectedReply("a reply nobody asked for");
-            self.fail_conn(node, e, active);
+        let Some(answer) = self.conns[node].session.next_answer(&self.limits) else {
             return false;
         };
-        let (reply, used) = match conn.session.peek(&self.limits) {
-            Ok(None) => return false,
-            Ok(Some(parsed)) => parsed,
-            Err(e) => {
-                let e = match (e, expect.kind) {
-                    // The first reply is not RESP at all: say what the peer is not.
-                    (ProtocolError::UnknownType(_), Expected::Status(_)) => {
-                        NodeError::not_redis(conn.session.unparsed())
-                    }
-                    _ => NodeError::Protocol(e),
-                };
-                self.fail_conn(node, e, active);
-                return false;
-            }
-        };
-        let slot = expect.slot as usize;
         // Votes count only in the round that is waiting for them; handshake and
         // fire-and-forget replies carry round 0, which never is.
-        let round = active
-            .as_deref_mut()
-            .filter(|_| expect.round == self.round_id)
-            .map(|a| &mut *a.round);
-        // The reply is borrowed from the inbox: act on it before consuming it, and copy it
-        // only to report a failure.
-        let step = match expect.kind {
-            Expected::Status(want) => match reply {
-                Reply::Simple(got) if got == want.text() => Step::Next,
-                Reply::Error(msg) => Step::Fail(NodeError::Handshake(lossy(msg))),
-                _ => Step::Fail(NodeError::UnexpectedReply(
-                    "the handshake (AUTH, SELECT, PING) was answered out of step",
-                )),
-            },
-            Expected::Command(kind) => match (interpret(kind, &reply), round) {
-                (Reaction::Yes, Some(r)) => {
-                    r.tally(node, slot, true);
-                    Step::Next
+        let round_id = self.round_id;
+        let current = |round: u64| round == round_id;
+        match answer {
+            Answer::Handshake => {}
+            Answer::Vote { round, slot, yes } => {
+                if let Some(a) = active.as_deref_mut().filter(|_| current(round)) {
+                    a.round.tally(node, slot as usize, yes);
                 }
-                (Reaction::No, Some(r)) => {
-                    r.tally(node, slot, false);
-                    Step::Next
+            }
+            Answer::Refused { round, slot, error } => {
+                if let Some(a) = active.as_deref_mut().filter(|_| current(round)) {
+                    a.round.record(node, slot as usize, Outcome::Failed(error));
                 }
-                (Reaction::Refused(msg), Some(r)) => {
-                    let e = NodeError::Server(lossy(msg));
-                    r.record(node, slot, Outcome::Failed(e));
-                    Step::Next
-                }
-                (Reaction::NoScript, Some(_)) => Step::NoScript,
-                (Reaction::NoScript, None) => Step::LateNoScript,
-                (Reaction::Desync(what), round) => {
-                    let e = NodeError::UnexpectedReply(what);
-                    if let Some(r) = round {
-                        r.record(node, slot, Outcome::Failed(e.clone()));
+            }
+            Answer::Broken { error, failed } => {
+                if let Some((round, slot)) = failed {
+                    if let Some(a) = active.as_deref_mut().filter(|_| current(round)) {
+                        a.round
+                            .record(node, slot as usize, Outcome::Failed(error.clone()));
                     }
-                    Step::Fail(e)
                 }
-                // A late reply of an earlier round: read and dropped.
-                (_, None) => Step::Next,
-            },
-        };
-        // A script answered 0 or 1: the node has the scripts cached.
-        let script_answered = matches!(expect.kind, Expected::Command(k) if k != Kind::Acquire)
-            && matches!(reply, Reply::Integer(0 | 1));
-        conn.session.consume(used);
-        conn.session.scripts_known |= script_answered;
-        match step {
-            Step::Next => {}
-            Step::Fail(e) => {
-                self.fail_conn(node, e, active);
+                self.fail_conn(node, error, active);
                 return false;
             }
-            Step::LateNoScript => {
-                // The round was decided before this node answered NOSCRIPT; it still gets
-                // the script (its vote no longer counts), so that every node the command
-                // reached ends up with the same key state.
-                // Only the current and the previous round's commands are kept.
-                if expect.round != self.round_id && expect.round + 1 != self.round_id {
-                    return true;
-                }
-                let frame = &self.frames[(expect.round & 1) as usize];
+            Answer::NoScript(expect) => {
+                let slot = expect.slot as usize;
                 self.extra.clear();
-                if !command::evalsha_to_eval(&mut self.extra, frame.command(slot)) {
-                    return true;
+                match active.as_deref_mut().filter(|_| current(expect.round)) {
+                    // The server lost its script cache (restart, SCRIPT FLUSH): send the
+                    // script itself, once, in this same round.
+                    Some(a) => {
+                        let Some(item) = a.req.items.get(slot) else {
+                            return true;
+                        };
+                        let cmd = cmd_of(a.req.kind, a.req.ttl_ms, false);
+                        command::encode(&mut self.extra, cmd, item.key, &item.token);
+                    }
+                    // The round was decided before this node answered NOSCRIPT; it still
+                    // gets the script (its vote no longer counts), so that every node the
+                    // command reached ends up with the same key state. Only the current
+                    // and the previous round's commands are kept.
+                    None => {
+                        if expect.round != self.round_id && expect.round + 1 != self.round_id {
+                            return true;
+                        }
+                        let frame = &self.frames[(expect.round & 1) as usize];
+                        if !command::evalsha_to_eval(&mut self.extra, frame.command(slot)) {
+                            return true;
+                        }
+                    }
                 }
-                if let Err(e) = self.conns[node].send(&self.extra, expect, 1) {
-                    self.fail_conn(node, e, active);
-                    return false;
-                }
-            }
-            Step::NoScript => {
-                // The server lost its script cache (restart, SCRIPT FLUSH): send the
-                // script itself, once, in this same round.
-                let Some(a) = active.as_deref_mut() else {
-                    return true;
-                };
-                let Some(item) = a.req.items.get(slot) else {
-                    return true;
-                };
-                self.extra.clear();
-                let cmd = cmd_of(a.req.kind, a.req.ttl_ms, false);
-                command::encode(&mut self.extra, cmd, item.key, &item.token);
                 if let Err(e) = self.conns[node].send(&self.extra, expect, 1) {
                     self.fail_conn(node, e, active);
                     return false;
@@ -755,14 +705,6 @@ impl Driver {
     }
 }
 
-/// What to do after a reply has been consumed.
-enum Step {
-    Next,
-    NoScript,
-    LateNoScript,
-    Fail(NodeError),
-}
-
 /// A node's bit in a mask of nodes: nodes from 63 on share the last bit, so a mask is
 /// exact for up to 63 nodes and errs on the side of including a node beyond.
 #[inline]
@@ -774,10 +716,6 @@ pub(crate) fn node_bit(node: usize) -> u64 {
 #[inline]
 pub(crate) fn chases(mask: u64, node: usize) -> bool {
     mask & node_bit(node) != 0
-}
-
-fn lossy(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 fn cmd_of(kind: Kind, ttl_ms: u64, by_sha: bool) -> Cmd {
