@@ -209,8 +209,8 @@ pub fn check_split_with(input: &[u8], sizes: &[u8], limits: &Limits) {
             assert_eq!(
                 resumed,
                 fresh,
-                "decode_resume differs from decode on {:?} at {start}..{end} (step {steps}) \
-                 of {:?} under {limits:?}",
+                "decode_resume differs from decode on \"{}\" at {start}..{end} (step {steps}) \
+                 of \"{}\" under {limits:?}",
                 buf.escape_ascii(),
                 input.escape_ascii()
             );
@@ -218,7 +218,7 @@ pub fn check_split_with(input: &[u8], sizes: &[u8], limits: &Limits) {
                 (Ok(Some((_, used))), _) if buf.len() >= *used => assert_eq!(
                     fresh,
                     whole,
-                    "{:?} at {start}..{end} of {:?} under {limits:?}: the first {used} bytes \
+                    "\"{}\" at {start}..{end} of \"{}\" under {limits:?}: the first {used} bytes \
                      hold the whole reply",
                     buf.escape_ascii(),
                     input.escape_ascii()
@@ -226,8 +226,8 @@ pub fn check_split_with(input: &[u8], sizes: &[u8], limits: &Limits) {
                 (_, Ok(None)) => {}
                 (Err(e), Err(f)) if e == f => {}
                 _ => panic!(
-                    "{:?} at {start}..{end} of {:?} under {limits:?} gives {fresh:?}, but \
-                     all of {:?} gives {whole:?}: the answer depends on the split",
+                    "\"{}\" at {start}..{end} of \"{}\" under {limits:?} gives {fresh:?}, but \
+                     all of \"{}\" gives {whole:?}: the answer depends on the split",
                     buf.escape_ascii(),
                     input.escape_ascii(),
                     input[start..].escape_ascii()
