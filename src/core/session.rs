@@ -156,7 +156,7 @@ pub struct Session {
     // INVARIANT: cleared whenever a reply is consumed or the inbox is dropped.
     progress: Progress,
     /// The replies owed, oldest first.
-    pub pending: Fifo<Expect>,
+    pub(crate) pending: Fifo<Expect>,
     backoff: Duration,
     retry_at: Instant,
     connect_started: Instant,
@@ -490,6 +490,11 @@ impl Session {
             self.scripts_known = true;
         }
         Some(answer)
+    }
+
+    /// How many replies the node owes.
+    pub fn owed(&self) -> usize {
+        self.pending.len()
     }
 
     /// True when unparsed bytes wait in the inbox.
