@@ -55,14 +55,16 @@ fn lock_extend_unlock_cycles_do_not_allocate() {
     for _ in 0..200 {
         let mut lock = rl.try_lock(resource, ttl).expect("free lock");
         rl.extend(&mut lock, ttl).expect("extend");
-        assert!(matches!(rl.unlock(&lock), Ok(5)));
+        // unlock returns once a majority has answered (issue #9): the count is what was
+        // confirmed by then, at least the quorum of 3 when all five are healthy.
+        assert!(matches!(rl.unlock(&lock), Ok(n) if (3..=5).contains(&n)));
     }
     let before = allocations();
     let cycles = 2_000;
     for _ in 0..cycles {
         let mut lock = rl.try_lock(resource, ttl).expect("free lock");
         rl.extend(&mut lock, ttl).expect("extend");
-        assert!(matches!(rl.unlock(&lock), Ok(5)));
+        assert!(matches!(rl.unlock(&lock), Ok(n) if (3..=5).contains(&n)));
     }
     let counted = allocations() - before;
     println!("{counted} allocations in {cycles} try_lock + extend + unlock cycles");
@@ -76,5 +78,5 @@ fn lock_extend_unlock_cycles_do_not_allocate() {
         allocations() > before,
         "a heap-stored resource must be counted"
     );
-    assert!(matches!(rl.unlock(&lock), Ok(5)));
+    assert!(matches!(rl.unlock(&lock), Ok(n) if (3..=5).contains(&n)));
 }
