@@ -75,7 +75,7 @@ pub use resp::{Limits, ProtocolError};
 pub mod __private {
     /// The protocol as plain data.
     pub mod core {
-        pub use crate::core::{budget, command, quorum, round, script, token};
+        pub use crate::core::{budget, command, engine, quorum, round, script, session, token};
     }
     /// The RESP2 codec.
     pub mod resp {

@@ -1,10 +1,11 @@
 //! The client: Redlock's acquire, extend and release on top of the driver's rounds.
 
 use crate::config::{Builder, Settings};
+use crate::core::engine::{Item, Request};
 use crate::core::quorum::{deadline, drift, quorum, safe_span};
 use crate::core::round::{Decision, Kind, Round};
 use crate::core::token::{Token, TokenSource};
-use crate::driver::{Driver, Item, Request};
+use crate::driver::Driver;
 use crate::error::{ArgumentError, Error, Failure, NodeReport, OsError, Phase};
 use crate::lock::Lock;
 use std::time::{Duration, Instant};
@@ -501,9 +502,9 @@ impl Redlock {
             nodes: self
                 .round
                 .outcomes(slot)
-                .zip(&self.driver.conns)
-                .map(|(outcome, conn)| NodeReport {
-                    node: conn.endpoint.to_string(),
+                .zip(self.driver.endpoints())
+                .map(|(outcome, endpoint)| NodeReport {
+                    node: endpoint.to_string(),
                     outcome,
                 })
                 .collect(),

@@ -1,6 +1,7 @@
-//! Replays the committed fuzz corpus (`fuzz/corpus/resp_parse/` and
-//! `fuzz/corpus/resp_roundtrip/`) through the same check functions the fuzz targets run,
-//! on the stable toolchain and without libFuzzer.
+//! Replays the committed fuzz corpus (`fuzz/corpus/resp_parse/`, `fuzz/corpus/resp_split/`
+//! and `fuzz/corpus/resp_roundtrip/`) through the same check functions the fuzz targets
+//! run, on the stable toolchain and without libFuzzer. Every directory under
+//! `fuzz/corpus/` must belong to a target replayed here.
 //!
 //! `cargo test --test fuzz_corpus -- --nocapture` shows how many files were replayed.
 
@@ -60,6 +61,25 @@ fn replay(target: &str, check: fn(&[u8])) -> usize {
 #[test]
 fn resp_parse_corpus() {
     replay("resp_parse", checks::check_parse);
+}
+
+#[test]
+fn resp_split_corpus() {
+    replay("resp_split", checks::check_split);
+}
+
+/// A corpus directory without a replay here would be committed and never checked.
+#[test]
+fn every_corpus_directory_is_replayed() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
+    let mut names: Vec<String> = fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("corpus directory {} is missing: {e}", dir.display()))
+        .map(|e| e.expect("read corpus directory entry").path())
+        .filter(|p| p.is_dir())
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["resp_parse", "resp_roundtrip", "resp_split"]);
 }
 
 #[test]

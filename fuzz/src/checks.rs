@@ -9,13 +9,21 @@
 // Not every item is used by both includers.
 #![allow(dead_code)]
 
+use std::io::Write;
+
 use arbitrary::{Arbitrary, Unstructured};
 use quorumlock::__private::resp::encode;
-use quorumlock::__private::resp::{Limits, MAX_DEPTH, ProtocolError, Reply, Value, decode};
+use quorumlock::__private::resp::{
+    Limits, MAX_DEPTH, Progress, ProtocolError, Reply, Value, decode, decode_resume,
+};
 
-/// Inputs (or replies) up to this many bytes are also re-parsed at every split point.
-/// Quadratic, so bounded to keep the fuzzer fast.
-pub const SPLIT_CHECK_MAX: usize = 1024;
+/// Most chunks `resp_split` feeds per input and per set of limits; the rest of a longer
+/// input arrives in one last chunk. Each step re-parses from the current reply's start,
+/// so this bounds the work per input to about `SPLIT_MAX_STEPS * len`.
+pub const SPLIT_MAX_STEPS: usize = 512;
+
+/// Most chunk sizes a `resp_split` input carries in its header (cycled through).
+pub const SPLIT_MAX_SIZES: usize = 7;
 
 /// Re-encoded wire forms up to this many bytes are re-parsed at every split point by the
 /// round-trip check; longer ones at a strided sample of split points.
@@ -65,8 +73,10 @@ pub fn effective_depth(limits: &Limits) -> usize {
     limits.max_depth.clamp(1, MAX_DEPTH)
 }
 
-/// `resp_parse`: arbitrary bytes. The whole input is parsed under [`Limits::default`] and
-/// [`TIGHT`]; the input less its first byte under limits chosen by that byte.
+/// `resp_parse`: arbitrary bytes, each parsed once per set of limits, with no re-parse
+/// at split points (that is `resp_split`, [`check_split`]), so that it runs fast. The
+/// whole input is parsed under [`Limits::default`] and [`TIGHT`]; the input less its
+/// first byte under limits chosen by that byte.
 pub fn check_parse(data: &[u8]) {
     check_parse_with(data, &Limits::default());
     check_parse_with(data, &TIGHT);
@@ -75,102 +85,171 @@ pub fn check_parse(data: &[u8]) {
     }
 }
 
-/// Every property of one parse of `data` under `limits`:
+/// Every property of one parse of `data` under `limits`, with no re-parse at split
+/// points (that is [`check_split`]):
 ///
-/// - `decode` does not panic and is deterministic;
+/// - `decode` does not panic, and `decode_resume` from a fresh [`Progress`] answers the
+///   same (both start from scratch, so this is also determinism);
 /// - a complete reply consumed `0 < used <= data.len()` bytes, and parses the same from
 ///   exactly `data[..used]`;
 /// - every element respects the limits (bulk and array lengths, line lengths, nesting
-///   depth) and every array iterates exactly its `len()` elements;
-/// - the reply, copied into a [`Value`] and re-encoded, is no longer than the original,
-///   parses back under the same limits to the same value consuming exactly the
-///   re-encoding, and re-encodes to the same bytes;
-/// - for inputs up to [`SPLIT_CHECK_MAX`] bytes: every strict prefix of a complete reply,
-///   and every prefix of an incomplete one, is `Ok(None)`, never an error.
+///   depth), no line holds CR or LF, and every array iterates exactly its `len()`
+///   elements;
+/// - the reply's canonical form (written by the check's own encoder, checked against
+///   `Value::encode` by [`check_roundtrip`]) is no longer than the original, parses back
+///   under the same limits consuming all of it, and to a reply with the same canonical
+///   form (the same value).
 pub fn check_parse_with(data: &[u8], limits: &Limits) {
     let result = decode(data, limits);
+    // Both start from scratch on the same bytes, so this is also determinism.
     assert_eq!(
+        decode_resume(data, limits, &mut Progress::default()),
         result,
-        decode(data, limits),
-        "decode is not deterministic on {data:?} under {limits:?}"
+        "decode_resume from a fresh Progress differs from decode on {data:?} under {limits:?}"
     );
-    match result {
-        Err(_) => {}
-        Ok(None) => {
-            if data.len() <= SPLIT_CHECK_MAX {
-                check_prefixes_incomplete(data, data.len(), limits);
-            }
+    let Ok(Some((reply, used))) = result else {
+        return;
+    };
+    assert!(
+        used > 0 && used <= data.len(),
+        "consumed {used} of {} bytes: {data:?}",
+        data.len()
+    );
+    if used < data.len() {
+        assert_eq!(
+            decode(&data[..used], limits),
+            result,
+            "the reply's own bytes parse differently: {:?}",
+            &data[..used]
+        );
+    }
+    let mut wire = Vec::new();
+    check_reply(&reply, limits, 0, &mut wire);
+    assert!(
+        wire.len() <= used,
+        "the canonical form {wire:?} is longer ({}) than the original ({used}): {:?}",
+        wire.len(),
+        &data[..used]
+    );
+    match decode(&wire, limits) {
+        Ok(Some((again, n))) => {
+            assert_eq!(n, wire.len(), "canonical form {wire:?} not consumed whole");
+            // Same canonical form, same value: nothing lost or changed, and the form is
+            // a fixed point.
+            let mut again_wire = Vec::with_capacity(wire.len());
+            check_reply(&again, limits, 0, &mut again_wire);
+            assert!(
+                again_wire == wire,
+                "canonical form {} parses to another value, whose form is {}",
+                wire.escape_ascii(),
+                again_wire.escape_ascii()
+            );
         }
-        Ok(Some((reply, used))) => {
-            assert!(
-                used > 0 && used <= data.len(),
-                "consumed {used} of {} bytes: {data:?}",
-                data.len()
-            );
-            assert_eq!(
-                decode(&data[..used], limits),
-                Ok(Some((reply, used))),
-                "the reply's own bytes parse differently: {:?}",
-                &data[..used]
-            );
-            let value = check_reply(&reply, limits, 0);
-            assert_eq!(
-                value,
-                Value::from_reply(&reply),
-                "Value::from_reply disagrees"
-            );
+        other => panic!(
+            "canonical form {wire:?} of {:?} does not parse under {limits:?}: {other:?}",
+            &data[..used]
+        ),
+    }
+}
 
-            let mut wire = Vec::new();
-            value.encode(&mut wire);
-            assert!(
-                wire.len() <= used,
-                "re-encoding {value:?} is longer ({}) than the original ({used}): {:?}",
-                wire.len(),
-                &data[..used]
+/// `resp_split`: the input is `[n, sizes[..n % 8], payload..]`: a header of chunk sizes
+/// (each byte `b` is a chunk of `b + 1` bytes, cycled through; none means one byte at a
+/// time), then a stream of replies. The payload is fed in those chunks, at most
+/// [`SPLIT_MAX_STEPS`] of them (then the rest at once), under [`Limits::default`] and
+/// [`TIGHT`]; see [`check_split_with`]. An input too short for its header is checked with
+/// an empty payload.
+pub fn check_split(data: &[u8]) {
+    let (sizes, payload) = match data {
+        [] => (&[][..], &[][..]),
+        [n, rest @ ..] => {
+            let n = usize::from(*n) % (SPLIT_MAX_SIZES + 1);
+            rest.split_at(n.min(rest.len()))
+        }
+    };
+    for limits in [Limits::default(), TIGHT] {
+        check_split_with(payload, sizes, &limits);
+    }
+}
+
+/// Feeds `input` (a stream of replies) in chunks of the sizes `sizes` gives, as a
+/// connection reads it, and after every chunk, for the reply that starts at `start` (the
+/// bytes of the earlier replies consumed) and the bytes `input[start..end]` read so far:
+///
+/// - `decode_resume`, carrying its [`Progress`] from chunk to chunk within the reply,
+///   answers exactly as `decode` on the same bytes (the same reply and length, or
+///   `Ok(None)`, or the same error);
+/// - the answer does not depend on where the bytes were split: `decode` of the bytes so
+///   far is `Ok(None)` while they are a strict prefix of what `decode` of the whole rest
+///   `input[start..]` consumes, and that same answer once they cover it. An error may
+///   come early, but only the same error as on the whole rest;
+/// - after a complete reply, the next one starts right after it (both decoders are asked
+///   again without new bytes, as a connection does with pipelined replies).
+///
+/// Stops at the first error (a connection is dropped there).
+pub fn check_split_with(input: &[u8], sizes: &[u8], limits: &Limits) {
+    let mut progress = Progress::default();
+    let mut start = 0; // where the current reply begins
+    let mut whole = decode(input, limits); // the answer on all of input[start..]
+    let mut end = 0;
+    let mut steps = 0;
+    while end < input.len() {
+        let chunk = if steps >= SPLIT_MAX_STEPS {
+            input.len()
+        } else if sizes.is_empty() {
+            1
+        } else {
+            usize::from(sizes[steps % sizes.len()]) + 1
+        };
+        steps += 1;
+        end = end.saturating_add(chunk).min(input.len());
+        loop {
+            let buf = &input[start..end];
+            let fresh = decode(buf, limits);
+            let resumed = decode_resume(buf, limits, &mut progress);
+            assert_eq!(
+                resumed,
+                fresh,
+                "decode_resume differs from decode on \"{}\" at {start}..{end} (step {steps}) \
+                 of \"{}\" under {limits:?}",
+                buf.escape_ascii(),
+                input.escape_ascii()
             );
-            match decode(&wire, limits) {
-                Ok(Some((again, n))) => {
-                    assert_eq!(n, wire.len(), "re-encoding {wire:?} not consumed whole");
-                    assert_eq!(
-                        Value::from_reply(&again),
-                        value,
-                        "re-encoding {wire:?} parses to another value"
-                    );
-                }
-                other => panic!(
-                    "re-encoding {wire:?} of {:?} does not parse under {limits:?}: {other:?}",
-                    &data[..used]
+            match (&whole, &fresh) {
+                (Ok(Some((_, used))), _) if buf.len() >= *used => assert_eq!(
+                    fresh,
+                    whole,
+                    "\"{}\" at {start}..{end} of \"{}\" under {limits:?}: the first {used} bytes \
+                     hold the whole reply",
+                    buf.escape_ascii(),
+                    input.escape_ascii()
+                ),
+                (_, Ok(None)) => {}
+                (Err(e), Err(f)) if e == f => {}
+                _ => panic!(
+                    "\"{}\" at {start}..{end} of \"{}\" under {limits:?} gives {fresh:?}, but \
+                     all of \"{}\" gives {whole:?}: the answer depends on the split",
+                    buf.escape_ascii(),
+                    input.escape_ascii(),
+                    input[start..].escape_ascii()
                 ),
             }
-            let mut again = Vec::new();
-            Value::from_reply(&decode(&wire, limits).unwrap().unwrap().0).encode(&mut again);
-            assert_eq!(again, wire, "encoding is not canonical");
-
-            if used <= SPLIT_CHECK_MAX {
-                check_prefixes_incomplete(data, used, limits);
+            match fresh {
+                Ok(Some((_, used))) => {
+                    start += used;
+                    whole = decode(&input[start..], limits);
+                }
+                Ok(None) => break,
+                Err(_) => return,
             }
         }
     }
 }
 
-/// Every `data[..cut]` with `cut < end` must be `Ok(None)`.
-fn check_prefixes_incomplete(data: &[u8], end: usize, limits: &Limits) {
-    for cut in 0..end {
-        let prefix = &data[..cut];
-        match decode(prefix, limits) {
-            Ok(None) => {}
-            other => panic!(
-                "prefix {prefix:?} (cut at {cut} of {end}) of {:?} under {limits:?}: \
-                 want Ok(None), got {other:?}",
-                &data[..end]
-            ),
-        }
-    }
-}
-
-/// Checks `reply`, found inside `depth` enclosing arrays, against `limits`, and copies
-/// it into a [`Value`] by walking it (independently of `Value::from_reply`).
-fn check_reply(reply: &Reply<'_>, limits: &Limits, depth: usize) -> Value {
+/// Checks `reply`, found inside `depth` enclosing arrays, against `limits` by walking
+/// it once: line, bulk and array lengths, nesting depth, no CR or LF in a line, and every
+/// array iterates exactly its `len()` elements. Appends the canonical wire form of
+/// `reply` to `out` on the way (its own encoder, independent of `Value::encode`).
+fn check_reply(reply: &Reply<'_>, limits: &Limits, depth: usize, out: &mut Vec<u8>) {
     match *reply {
         Reply::Simple(s) | Reply::Error(s) => {
             assert!(
@@ -178,22 +257,31 @@ fn check_reply(reply: &Reply<'_>, limits: &Limits, depth: usize) -> Value {
                 "line of {} bytes accepted under {limits:?}",
                 s.len()
             );
-            assert!(!s.contains(&b'\r'), "CR inside an accepted line {s:?}");
-            if matches!(reply, Reply::Simple(_)) {
-                Value::Simple(s.to_vec())
+            assert!(
+                !s.iter().any(|&b| b == b'\r' || b == b'\n'),
+                "CR or LF inside an accepted line {s:?}"
+            );
+            out.push(if matches!(reply, Reply::Simple(_)) {
+                b'+'
             } else {
-                Value::Error(s.to_vec())
-            }
+                b'-'
+            });
+            out.extend_from_slice(s);
+            out.extend_from_slice(b"\r\n");
         }
-        Reply::Integer(i) => Value::Integer(i),
-        Reply::Bulk(None) => Value::Bulk(None),
+        Reply::Integer(i) => {
+            write!(out, ":{i}\r\n").unwrap();
+        }
+        Reply::Bulk(None) => out.extend_from_slice(b"$-1\r\n"),
         Reply::Bulk(Some(b)) => {
             assert!(
                 b.len() <= limits.max_bulk_len,
                 "bulk of {} bytes accepted under {limits:?}",
                 b.len()
             );
-            Value::Bulk(Some(b.to_vec()))
+            write!(out, "${}\r\n", b.len()).unwrap();
+            out.extend_from_slice(b);
+            out.extend_from_slice(b"\r\n");
         }
         Reply::Array(a) => {
             // The parser clamps max_depth into 1..=MAX_DEPTH, so a flat array is
@@ -204,25 +292,24 @@ fn check_reply(reply: &Reply<'_>, limits: &Limits, depth: usize) -> Value {
                 depth + 1
             );
             let Some(a) = a else {
-                return Value::Array(None);
+                out.extend_from_slice(b"*-1\r\n");
+                return;
             };
             assert!(
                 a.len() <= limits.max_array_len,
                 "array of {} elements accepted under {limits:?}",
                 a.len()
             );
-            assert_eq!(a.is_empty(), a.iter().next().is_none());
-            let iter = a.iter();
+            write!(out, "*{}\r\n", a.len()).unwrap();
+            let mut iter = a.iter();
             assert_eq!(iter.size_hint(), (a.len(), Some(a.len())));
-            let items: Vec<Value> = iter.map(|r| check_reply(&r, limits, depth + 1)).collect();
-            assert_eq!(
-                items.len(),
-                a.len(),
-                "array of len {} iterated {} elements",
-                a.len(),
-                items.len()
-            );
-            Value::Array(Some(items))
+            let mut n = 0;
+            for r in iter.by_ref() {
+                check_reply(&r, limits, depth + 1, out);
+                n += 1;
+            }
+            assert_eq!(n, a.len(), "array of len {} iterated {n} elements", a.len());
+            assert_eq!(iter.size_hint(), (0, Some(0)));
         }
     }
 }
@@ -361,7 +448,12 @@ pub fn check_roundtrip(data: &[u8]) {
         match decode(&wire, &limits) {
             Ok(Some((reply, used))) => {
                 assert_eq!(used, wire.len(), "{wire:?} not consumed whole");
-                assert_eq!(&check_reply(&reply, &limits, 0), value, "{wire:?}");
+                let mut again = Vec::with_capacity(wire.len());
+                check_reply(&reply, &limits, 0, &mut again);
+                assert_eq!(
+                    again, wire,
+                    "the checks' encoder disagrees with Value::encode"
+                );
                 assert_eq!(&Value::from_reply(&reply), value, "{wire:?}");
             }
             other => panic!("{wire:?} of {value:?} under {limits:?}: {other:?}"),

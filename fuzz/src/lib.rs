@@ -7,5 +7,5 @@
 mod checks;
 
 pub use checks::{
-    RoundtripInput, check_parse, check_parse_with, check_roundtrip,
+    RoundtripInput, check_parse, check_parse_with, check_roundtrip, check_split, check_split_with,
 };

@@ -8,6 +8,10 @@
 //! - [`command`]: the SET, release and extend commands as RESP bytes.
 //! - [`script`]: the compare-and-delete and compare-and-pexpire Lua scripts.
 //! - [`token`]: unique lock values.
+//! - [`engine`]: the protocol of the whole client over every node's session, reaching
+//!   sockets and the clock only through a `Transport` (the mio driver, or a simulation).
+//! - [`session`]: one node's protocol state without its socket: connection lifecycle,
+//!   handshake, buffers, the FIFO of owed replies (`fifo`), backoff, lag.
 //!
 //! # Invariants
 //!
@@ -17,7 +21,10 @@
 
 pub mod budget;
 pub mod command;
+pub mod engine;
+pub(crate) mod fifo;
 pub mod quorum;
 pub mod round;
 pub mod script;
+pub mod session;
 pub mod token;

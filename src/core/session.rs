@@ -1,0 +1,858 @@
+//! One node's protocol state, without the socket: connection lifecycle, handshake,
+//! buffers, the FIFO of replies it is owed, reconnect backoff, and what marks a node as
+//! suspect or lagging.
+//!
+//! The driver owns the socket and moves bytes: it reads into [`Session::read_room`] and
+//! reports [`Session::received`], writes what [`Session::unsent`] holds (or a caller's
+//! command directly, when [`Session::enqueue`] says the line is idle) and reports
+//! [`Session::wrote`]. Everything the node's bytes mean is decided here. Nothing here
+//! reads a clock or touches a socket: time comes in as `now`.
+//!
+//! # Invariants
+//!
+//! - `pending` lists, oldest first, one entry per command written (or queued) and not yet
+//!   answered. Redis answers a connection's commands in order, so the front entry always
+//!   names the next reply; a reply with no entry is a protocol violation.
+//! - `inbox[head..tail]` holds received bytes not yet parsed; `head <= tail <= inbox.len()`.
+//!   It grows only while a single reply is larger than it, up to what the limits allow.
+//! - `outbox` holds bytes not yet accepted by the kernel. It is empty on the hot path: a
+//!   command is written straight from the caller's buffer and copied only on a short
+//!   write.
+//! - When a connection fails it is dropped whole: buffers and `pending` are cleared, so no
+//!   stale reply can ever be matched to a later command.
+//! - `outbox` never exceeds `MAX_OUTBOX` bytes, nor `pending` `MAX_PENDING` entries.
+
+use super::fifo::Fifo;
+use super::round::{Kind, Reaction, interpret, quick_vote};
+use crate::error::NodeError;
+use crate::resp::encode::command;
+use crate::resp::{Limits, Progress, ProtocolError, Reply, decode_resume};
+use bytes::{Buf, BytesMut};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Unsent bytes allowed before a node that does not read is cut off.
+const MAX_OUTBOX: usize = 1 << 20;
+/// Outstanding replies allowed before a node that does not answer is cut off.
+const MAX_PENDING: usize = 1 << 16;
+/// First read buffer size; enough for thousands of pipelined lock replies.
+const INBOX: usize = 16 * 1024;
+
+/// What a queued reply belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expect {
+    /// The round that counts this reply; 0 for replies nobody waits for.
+    pub round: u64,
+    /// Which resource of the round.
+    pub slot: u32,
+    /// The command it answers.
+    pub kind: Expected,
+    /// When the command was queued, to tell a lagging node.
+    pub sent_at: Instant,
+}
+
+/// The command a reply answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expected {
+    /// A handshake command (AUTH, SELECT, PING) and the status it must answer.
+    Status(Status),
+    /// A lock command.
+    Command(Kind),
+}
+
+/// The status line a handshake command must answer with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// `+OK` (AUTH, SELECT).
+    Ok,
+    /// `+PONG` (PING).
+    Pong,
+}
+
+impl Status {
+    /// The status text.
+    pub fn text(self) -> &'static [u8] {
+        match self {
+            Status::Ok => b"OK",
+            Status::Pong => b"PONG",
+        }
+    }
+}
+
+/// Where the connection stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// No connection; one is opened once the backoff has passed.
+    Down,
+    /// Opened, not yet established.
+    Connecting,
+    /// Established (the handshake may still be unanswered: see
+    /// [`Session::handshaking`]).
+    Ready,
+}
+
+/// What the next reply in a node's inbox means, once consumed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// A handshake command was answered as it must be.
+    Handshake,
+    /// A vote for `slot` of `round` (which may be over: the caller drops it then).
+    Vote {
+        /// The round the command belonged to.
+        round: u64,
+        /// The resource within the round.
+        slot: u32,
+        /// Locked, extended or released.
+        yes: bool,
+    },
+    /// The server refused the command (`OOM`, `LOADING`, `READONLY`, ...): a failed vote.
+    Refused {
+        /// The round the command belonged to.
+        round: u64,
+        /// The resource within the round.
+        slot: u32,
+        /// The server's error.
+        error: NodeError,
+    },
+    /// The server lost its script cache: the command must go again, as EVAL.
+    NoScript(Expect),
+    /// The stream can no longer be trusted (a reply nobody asked for, bytes that are not
+    /// RESP, a refused login, a reply that does not fit its command): drop the
+    /// connection. `failed` is the command it was answering, whose vote fails.
+    Broken {
+        /// Why.
+        error: NodeError,
+        /// The (round, slot) of the command answered, if it was a lock command.
+        failed: Option<(u64, u32)>,
+    },
+}
+
+/// The login a new connection sends before anything else.
+#[derive(Clone, Debug, Default)]
+pub struct Login {
+    /// ACL user, if any.
+    pub user: Option<String>,
+    /// Password, if any.
+    pub password: Option<String>,
+    /// Database selected after connecting.
+    pub db: u32,
+}
+
+/// One node's protocol state.
+pub struct Session {
+    login: Login,
+    /// Where the connection stands.
+    pub state: State,
+    /// Counts connections made, so a caller can tell whether the one it read from is
+    /// still the current one.
+    pub generation: u64,
+    outbox: BytesMut,
+    inbox: Vec<u8>,
+    // INVARIANT: head <= tail <= inbox.len()
+    head: usize,
+    tail: usize,
+    /// Where parsing of the reply at `head` stopped, if it was incomplete. Offsets are
+    /// relative to `head`, so compacting the inbox keeps it valid.
+    // INVARIANT: cleared whenever a reply is consumed or the inbox is dropped.
+    progress: Progress,
+    /// The replies owed, oldest first.
+    pub(crate) pending: Fifo<Expect>,
+    backoff: Duration,
+    retry_at: Instant,
+    connect_started: Instant,
+    /// Why the connection last failed, ready to report without allocating each round.
+    down: NodeError,
+    /// Reset for lagging, or reopened after a connect timeout: sent nothing until a reply
+    /// proves the new connection alive (a frozen server's kernel still accepts
+    /// connections).
+    pub suspect: bool,
+    /// Not yet resent in the current round, so a connection found closed may be reopened
+    /// once within the round.
+    pub may_resend: bool,
+    /// The current round's command was handed to this connection, so after a lost
+    /// attempt the node may hold our key and gets the compare-and-delete.
+    pub sent: bool,
+    /// Until when a SET or extend written on this connection may still apply (the
+    /// latest start + ttl among them). While such a reply is owed, the connection is
+    /// not dropped for lagging or for a slow handshake: the bytes may already sit in the
+    /// node's socket, and an unlock's delete must follow them on the same connection.
+    owed_until: Option<Instant>,
+    /// This connection has seen a script answer (not `NOSCRIPT`): the node has the
+    /// scripts cached, so EVALSHA is safe. Until then scripts go as EVAL: a `NOSCRIPT`
+    /// that comes back after its round (a frozen node) would leave the key behind.
+    pub scripts_known: bool,
+}
+
+impl Session {
+    /// A node not connected yet, to be connected at once.
+    pub fn new(login: Login, now: Instant) -> Session {
+        Session {
+            login,
+            state: State::Down,
+            generation: 0,
+            outbox: BytesMut::new(),
+            inbox: vec![0; INBOX],
+            head: 0,
+            tail: 0,
+            progress: Progress::default(),
+            pending: Fifo::new(),
+            backoff: Duration::ZERO,
+            retry_at: now,
+            connect_started: now,
+            down: NodeError::Down(Arc::new(NodeError::Closed)),
+            suspect: false,
+            may_resend: false,
+            sent: false,
+            owed_until: None,
+            scripts_known: false,
+        }
+    }
+
+    /// Down, and the backoff has passed: time to open a connection.
+    #[inline]
+    pub fn wants_connect(&self, now: Instant) -> bool {
+        self.state == State::Down && now >= self.retry_at
+    }
+
+    /// Connecting (TCP connect and the AUTH/SELECT/PING handshake) for longer than
+    /// `connect_timeout`, with nothing that forbids dropping it.
+    #[inline]
+    pub fn connect_expired(&self, now: Instant, connect_timeout: Duration) -> bool {
+        // The handshake is part of connecting: a host that accepts the TCP connection but
+        // never answers PING (a silent service, a frozen server) has not connected.
+        let connecting = self.state == State::Connecting || self.handshaking();
+        // A handshaking connection that carries a lock write is kept (see `owed_until`);
+        // one still in TCP connect has written nothing yet.
+        connecting
+            && self.state != State::Down
+            && now.saturating_duration_since(self.connect_started) > connect_timeout
+            && !self.holds_live_write(now)
+    }
+
+    /// A connection was opened at `now`: the handshake goes first in the outbox, and
+    /// commands queue behind it.
+    pub fn opened(&mut self, now: Instant) {
+        self.generation += 1;
+        self.scripts_known = false;
+        self.state = State::Connecting;
+        self.connect_started = now;
+        let Login { user, password, db } = &self.login;
+        let mut expects = 0;
+        if let Some(pw) = password {
+            match user {
+                Some(u) => command(&mut self.outbox, &[b"AUTH", u.as_bytes(), pw.as_bytes()]),
+                None => command(&mut self.outbox, &[b"AUTH", pw.as_bytes()]),
+            }
+            expects += 1;
+        }
+        if *db != 0 {
+            let db = db.to_string();
+            command(&mut self.outbox, &[b"SELECT", db.as_bytes()]);
+            expects += 1;
+        }
+        for _ in 0..expects {
+            self.expect_status(Status::Ok, now);
+        }
+        // PING last: its PONG proves the stream is in step before any lock reply is
+        // counted. Bytes a server sends unasked right after accepting meet the PING's
+        // entry, not a lock command's, and fail the connection.
+        command(&mut self.outbox, &[b"PING"]);
+        self.expect_status(Status::Pong, now);
+    }
+
+    fn expect_status(&mut self, status: Status, now: Instant) {
+        self.pending.push_back(Expect {
+            round: 0,
+            slot: 0,
+            kind: Expected::Status(status),
+            sent_at: now,
+        });
+    }
+
+    /// The connection is established at `now` (the driver has read whatever arrived
+    /// first). Bytes received before any command was written are an error: a Redis
+    /// server never speaks first; an SSH or SMTP server does.
+    pub fn established(&mut self, now: Instant) -> Result<(), NodeError> {
+        if self.tail > self.head {
+            return Err(NodeError::not_redis(self.unparsed()));
+        }
+        self.state = State::Ready;
+        // What was queued while connecting is only written now: the lag clock starts here.
+        for expect in self.pending.iter_mut() {
+            expect.sent_at = now;
+        }
+        Ok(())
+    }
+
+    /// Records `count` commands owed, for slots `expect.slot..expect.slot + count`. True
+    /// when the line is idle, so the caller writes the bytes straight away (and hands
+    /// what the kernel did not take to [`Session::queue`]); false when they must wait in
+    /// the outbox behind earlier bytes (the caller then passes them to `queue` whole).
+    #[inline(always)]
+    pub fn enqueue(&mut self, expect: Expect, count: usize) -> Result<bool, NodeError> {
+        if self.pending.len() + count > MAX_PENDING {
+            return Err(NodeError::Backlog);
+        }
+        if count == 1 {
+            self.pending.push_back(expect);
+        } else {
+            for k in 0..count as u32 {
+                self.pending.push_back(Expect {
+                    slot: expect.slot + k,
+                    ..expect
+                });
+            }
+        }
+        Ok(self.state == State::Ready && self.outbox.is_empty())
+    }
+
+    /// Keeps bytes the kernel did not take, to be written when the socket is writable.
+    #[cold]
+    pub fn queue(&mut self, rest: &[u8]) -> Result<(), NodeError> {
+        if self.outbox.len() + rest.len() > MAX_OUTBOX {
+            return Err(NodeError::Backlog);
+        }
+        self.outbox.extend_from_slice(rest);
+        Ok(())
+    }
+
+    /// Bytes wait in the outbox (a short write, or a connection still connecting).
+    #[inline]
+    pub fn has_unsent(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
+    /// What to write next, once established.
+    #[inline]
+    pub fn unsent(&self) -> &[u8] {
+        if self.state == State::Ready {
+            &self.outbox
+        } else {
+            &[]
+        }
+    }
+
+    /// The kernel took `n` bytes of [`Session::unsent`].
+    #[inline]
+    pub fn wrote(&mut self, n: usize) {
+        self.outbox.advance(n.min(self.outbox.len()));
+    }
+
+    /// Free space at the end of the inbox to read into (after compacting or growing it
+    /// if it is full; never past what the limits allow).
+    pub fn read_room(&mut self, limits: &Limits) -> Result<&mut [u8], NodeError> {
+        if self.tail == self.inbox.len() {
+            self.make_room(limits)?;
+        }
+        Ok(&mut self.inbox[self.tail..])
+    }
+
+    /// The free space at the end of the inbox as it is (possibly empty): the hot-path
+    /// read, which leaves compaction to [`Session::read_room`].
+    #[inline]
+    pub fn free_tail(&mut self) -> &mut [u8] {
+        &mut self.inbox[self.tail..]
+    }
+
+    /// `n` bytes were read into the space given by `read_room` or `free_tail`.
+    #[inline]
+    pub fn received(&mut self, n: usize) {
+        self.tail = (self.tail + n).min(self.inbox.len());
+    }
+
+    /// Frees space at the end of the inbox: slide unparsed bytes to the front, or grow
+    /// when one unparsed reply already fills it (never past what the limits allow).
+    fn make_room(&mut self, limits: &Limits) -> Result<(), NodeError> {
+        if self.head > 0 {
+            self.inbox.copy_within(self.head..self.tail, 0);
+            self.tail -= self.head;
+            self.head = 0;
+            return Ok(());
+        }
+        // The largest reply worth buffering: one bulk string at the limit plus framing.
+        let cap = limits
+            .max_bulk_len
+            .max(limits.max_line_len)
+            .saturating_add(64)
+            .max(INBOX);
+        if self.inbox.len() >= cap {
+            return Err(NodeError::Protocol(ProtocolError::BulkTooLong));
+        }
+        let grown = (self.inbox.len() * 2).min(cap);
+        self.inbox.resize(grown, 0);
+        Ok(())
+    }
+
+    /// The next complete reply in the inbox and its length, without consuming it. An
+    /// incomplete reply is resumed where the last call stopped (see `decode_resume`).
+    #[inline]
+    pub fn peek(&mut self, limits: &Limits) -> Result<Option<(Reply<'_>, usize)>, ProtocolError> {
+        if self.head == self.tail {
+            return Ok(None);
+        }
+        decode_resume(
+            &self.inbox[self.head..self.tail],
+            limits,
+            &mut self.progress,
+        )
+    }
+
+    /// The hot path of every round: when the next reply answers a lock command with one
+    /// of its two common forms (`+OK` / `$-1` to `SET NX`, `:1` / `:0` to a script),
+    /// consumes it and returns the round and slot it answers and the vote (yes or no),
+    /// without the general parser. Anything else (`None`, nothing consumed) goes through
+    /// [`Session::peek`].
+    #[inline(always)]
+    pub fn take_vote(&mut self) -> Option<(u64, u32, bool)> {
+        let expect = self.pending.front()?;
+        let Expected::Command(kind) = expect.kind else {
+            return None;
+        };
+        let buf = self.inbox.get(self.head..self.tail)?;
+        let (yes, used) = quick_vote(kind, buf)?;
+        let vote = (expect.round, expect.slot, yes);
+        self.scripts_known |= kind != Kind::Acquire;
+        self.consume(used);
+        Some(vote)
+    }
+
+    /// Reads the next complete reply in the inbox, in full generality, and says what it
+    /// means; `None` while it is incomplete (or the inbox is empty). Everything but
+    /// [`Answer::Broken`] consumes the reply and its entry in `pending`.
+    pub fn next_answer(&mut self, limits: &Limits) -> Option<Answer> {
+        if !self.has_input() {
+            return None;
+        }
+        let Some(expect) = self.pending.front().copied() else {
+            return Some(Answer::Broken {
+                error: NodeError::UnexpectedReply("a reply nobody asked for"),
+                failed: None,
+            });
+        };
+        let (reply, used) = match self.peek(limits) {
+            Ok(None) => return None,
+            Ok(Some(parsed)) => parsed,
+            Err(e) => {
+                let error = match (e, expect.kind) {
+                    // The first reply is not RESP at all: say what the peer is not.
+                    (ProtocolError::UnknownType(_), Expected::Status(_)) => {
+                        NodeError::not_redis(self.unparsed())
+                    }
+                    _ => NodeError::Protocol(e),
+                };
+                return Some(Answer::Broken {
+                    error,
+                    failed: None,
+                });
+            }
+        };
+        let (round, slot) = (expect.round, expect.slot);
+        // The reply borrows the inbox: decide, then consume; copy only what a failure
+        // reports.
+        let answer = match expect.kind {
+            Expected::Status(want) => match reply {
+                Reply::Simple(got) if got == want.text() => Answer::Handshake,
+                Reply::Error(msg) => Answer::Broken {
+                    error: NodeError::Handshake(lossy(msg)),
+                    failed: None,
+                },
+                _ => Answer::Broken {
+                    error: NodeError::UnexpectedReply(
+                        "the handshake (AUTH, SELECT, PING) was answered out of step",
+                    ),
+                    failed: None,
+                },
+            },
+            Expected::Command(kind) => match interpret(kind, &reply) {
+                reaction @ (Reaction::Yes | Reaction::No) => Answer::Vote {
+                    round,
+                    slot,
+                    yes: reaction == Reaction::Yes,
+                },
+                Reaction::Refused(msg) => Answer::Refused {
+                    round,
+                    slot,
+                    error: NodeError::Server(lossy(msg)),
+                },
+                Reaction::NoScript => Answer::NoScript(expect),
+                Reaction::Desync(what) => Answer::Broken {
+                    error: NodeError::UnexpectedReply(what),
+                    failed: Some((round, slot)),
+                },
+            },
+        };
+        if !matches!(answer, Answer::Broken { .. }) {
+            self.consume(used);
+        }
+        // A script answered 0 or 1: the node has the scripts cached.
+        if matches!(answer, Answer::Vote { .. }) && expect.kind != Expected::Command(Kind::Acquire)
+        {
+            self.scripts_known = true;
+        }
+        Some(answer)
+    }
+
+    /// How many replies the node owes.
+    pub fn owed(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// True when unparsed bytes wait in the inbox.
+    #[inline]
+    pub fn has_input(&self) -> bool {
+        self.head != self.tail
+    }
+
+    /// The bytes received and not yet parsed (for error reports).
+    pub fn unparsed(&self) -> &[u8] {
+        &self.inbox[self.head..self.tail]
+    }
+
+    /// Drops a parsed reply from the inbox and its entry from `pending`.
+    #[inline(always)]
+    pub fn consume(&mut self, used: usize) {
+        self.progress.clear();
+        self.head += used;
+        if self.head >= self.tail {
+            self.head = 0;
+            self.tail = 0;
+        }
+        self.pending.pop_front();
+        // A node that answers is healthy again: the next failure reconnects at once.
+        self.backoff = Duration::ZERO;
+        self.suspect = false;
+    }
+
+    /// The handshake (AUTH, SELECT, PING) is not answered yet.
+    #[inline]
+    pub fn handshaking(&self) -> bool {
+        matches!(
+            self.pending.front(),
+            Some(Expect {
+                kind: Expected::Status(_),
+                ..
+            })
+        )
+    }
+
+    /// Why the node is down, for reports.
+    pub fn down_error(&self) -> NodeError {
+        self.down.clone()
+    }
+
+    /// True when the node owes a reply older than `node_timeout`: frozen, partitioned
+    /// or badly overloaded. Such a node is not waited for until it catches up.
+    ///
+    /// `cutoff` is `now − node_timeout`, computed once per round by the caller.
+    #[inline]
+    pub fn is_lagging(&self, cutoff: Option<Instant>) -> bool {
+        match (self.pending.front(), cutoff) {
+            (Some(e), Some(cutoff)) => e.sent_at < cutoff,
+            _ => false,
+        }
+    }
+
+    /// Notes that a SET or extend that may apply until `until` was written here.
+    #[inline]
+    pub fn note_write(&mut self, until: Option<Instant>) {
+        if let Some(u) = until {
+            if self.owed_until.is_none_or(|o| o < u) {
+                self.owed_until = Some(u);
+            }
+        }
+    }
+
+    /// Still owes the reply to a SET or an extend that could yet apply at `now`: such a
+    /// connection must not be dropped, or the node could apply the write after our
+    /// delete, sent on another connection, in any order.
+    pub fn holds_live_write(&self, now: Instant) -> bool {
+        self.owed_until.is_some_and(|u| now < u)
+            && self
+                .pending
+                .iter()
+                .any(|e| matches!(e.kind, Expected::Command(Kind::Acquire | Kind::Extend)))
+    }
+
+    /// The connection is gone: everything queued on it is dropped; a new one is opened
+    /// after the backoff, which doubles (from 10 ms) up to `max_backoff`.
+    pub fn fail(&mut self, error: NodeError, now: Instant, max_backoff: Duration) {
+        self.state = State::Down;
+        self.outbox.clear();
+        self.head = 0;
+        self.tail = 0;
+        self.progress.clear();
+        self.pending.clear();
+        self.owed_until = None;
+        self.down = NodeError::Down(Arc::new(error));
+        self.retry_at = now + self.backoff;
+        self.backoff = if self.backoff.is_zero() {
+            Duration::from_millis(10).min(max_backoff)
+        } else {
+            (self.backoff * 2).min(max_backoff)
+        };
+    }
+
+    /// Bytes held by the read buffer, the write buffer and the reply queue.
+    pub fn buffered(&self) -> usize {
+        self.inbox.len()
+            + self.outbox.capacity()
+            + self.pending.capacity() * std::mem::size_of::<Expect>()
+    }
+}
+
+fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn login() -> Login {
+        Login {
+            user: Some("app".into()),
+            password: Some("pw".into()),
+            db: 2,
+        }
+    }
+
+    fn command_expect(round: u64, kind: Kind, at: Instant) -> Expect {
+        Expect {
+            round,
+            slot: 0,
+            kind: Expected::Command(kind),
+            sent_at: at,
+        }
+    }
+
+    fn feed(s: &mut Session, bytes: &[u8]) {
+        let room = s.read_room(&Limits::default()).unwrap();
+        room[..bytes.len()].copy_from_slice(bytes);
+        s.received(bytes.len());
+    }
+
+    #[test]
+    fn a_new_connection_sends_its_login_first_and_owes_one_status_each() {
+        let now = Instant::now();
+        let mut s = Session::new(login(), now);
+        assert!(s.wants_connect(now));
+        s.opened(now);
+        assert_eq!(s.state, State::Connecting);
+        assert!(
+            s.unsent().is_empty(),
+            "nothing is written before the connect completes"
+        );
+        assert!(s.handshaking());
+        s.established(now).unwrap();
+        let sent = s.unsent().to_vec();
+        assert_eq!(
+            sent,
+            b"*3\r\n$4\r\nAUTH\r\n$3\r\napp\r\n$2\r\npw\r\n*2\r\n$6\r\nSELECT\r\n$1\r\n2\r\n*1\r\n$4\r\nPING\r\n"
+        );
+        s.wrote(sent.len());
+        assert!(!s.has_unsent());
+        assert_eq!(s.pending.len(), 3);
+        // A command is pipelined right behind the written handshake: the line is idle.
+        assert!(s.enqueue(command_expect(1, Kind::Acquire, now), 1).unwrap());
+    }
+
+    #[test]
+    fn a_server_that_speaks_first_is_not_redis() {
+        let now = Instant::now();
+        let mut s = Session::new(Login::default(), now);
+        s.opened(now);
+        feed(&mut s, b"SSH-2.0-OpenSSH_9.2\r\n");
+        let e = s.established(now).unwrap_err();
+        assert!(matches!(e, NodeError::NotRedis(ref shown) if shown.starts_with("SSH-2.0-")));
+    }
+
+    #[test]
+    fn votes_are_matched_to_their_round_and_slot_in_order() {
+        let now = Instant::now();
+        let mut s = Session::new(Login::default(), now);
+        s.opened(now);
+        s.established(now).unwrap();
+        feed(&mut s, b"+PONG\r\n");
+        let (reply, used) = s.peek(&Limits::default()).unwrap().unwrap();
+        assert_eq!(reply, Reply::Simple(b"PONG"));
+        s.consume(used);
+        assert!(!s.handshaking());
+        s.enqueue(command_expect(7, Kind::Acquire, now), 1).unwrap();
+        s.enqueue(
+            Expect {
+                slot: 0,
+                ..command_expect(8, Kind::Release, now)
+            },
+            2,
+        )
+        .unwrap();
+        feed(&mut s, b"+OK\r\n:0\r\n:1");
+        assert_eq!(s.take_vote(), Some((7, 0, true)));
+        assert_eq!(s.take_vote(), Some((8, 0, false)));
+        assert!(s.scripts_known, "a script answered: EVALSHA is safe now");
+        assert_eq!(s.take_vote(), None, "incomplete");
+        feed(&mut s, b"\r\n");
+        assert_eq!(s.take_vote(), Some((8, 1, true)));
+        assert_eq!(s.pending.len(), 0);
+        assert!(!s.has_input());
+    }
+
+    #[test]
+    fn lag_connect_expiry_and_live_writes() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut s = Session::new(Login::default(), t0);
+        s.opened(t0);
+        s.established(t0).unwrap();
+        // Handshake unanswered past the connect timeout: expired.
+        assert!(s.connect_expired(t0 + ms(1001), ms(1000)));
+        // ...unless a SET that may still apply was written behind it.
+        s.enqueue(command_expect(1, Kind::Acquire, t0), 1).unwrap();
+        s.note_write(Some(t0 + ms(5000)));
+        assert!(s.holds_live_write(t0 + ms(4999)));
+        assert!(!s.connect_expired(t0 + ms(1001), ms(1000)));
+        assert!(s.connect_expired(t0 + ms(5001), ms(1000)));
+        // Lagging: the oldest owed reply is older than the cutoff.
+        assert!(s.is_lagging(Some(t0 + ms(1))));
+        assert!(!s.is_lagging(Some(t0)));
+        // Failing drops everything and backs off.
+        s.fail(NodeError::Closed, t0, ms(1000));
+        assert_eq!(
+            (s.state, s.pending.len(), s.has_unsent()),
+            (State::Down, 0, false)
+        );
+        assert!(!s.holds_live_write(t0));
+        assert!(s.wants_connect(t0));
+        s.opened(t0);
+        s.fail(NodeError::Closed, t0, ms(1000));
+        assert!(!s.wants_connect(t0 + ms(9)));
+        assert!(s.wants_connect(t0 + ms(10)));
+    }
+
+    #[test]
+    fn backlogs_are_bounded() {
+        let now = Instant::now();
+        let mut s = Session::new(Login::default(), now);
+        s.opened(now);
+        assert!(s.queue(&vec![0; MAX_OUTBOX]).is_err());
+        assert!(
+            s.enqueue(command_expect(1, Kind::Release, now), MAX_PENDING)
+                .is_err()
+        );
+    }
+
+    /// A session past its handshake, owing the given commands (round 1, slots 0..).
+    fn ready_owing(kinds: &[Kind]) -> Session {
+        let now = Instant::now();
+        let mut s = Session::new(Login::default(), now);
+        s.opened(now);
+        s.established(now).unwrap();
+        feed(&mut s, b"+PONG\r\n");
+        assert_eq!(s.next_answer(&Limits::default()), Some(Answer::Handshake));
+        for (slot, &kind) in kinds.iter().enumerate() {
+            let expect = Expect {
+                slot: slot as u32,
+                ..command_expect(1, kind, now)
+            };
+            s.enqueue(expect, 1).unwrap();
+        }
+        s
+    }
+
+    #[test]
+    fn every_reply_means_one_thing_and_nothing_is_counted_twice() {
+        let limits = Limits::default();
+        let mut s = ready_owing(&[Kind::Acquire, Kind::Extend, Kind::Release, Kind::Release]);
+        feed(
+            &mut s,
+            b"-OOM command not allowed\r\n:1\r\n-NOSCRIPT No matching script\r\n+OK\r\n",
+        );
+        assert_eq!(
+            s.next_answer(&limits),
+            Some(Answer::Refused {
+                round: 1,
+                slot: 0,
+                error: NodeError::Server("OOM command not allowed".into())
+            })
+        );
+        assert_eq!(
+            s.next_answer(&limits),
+            Some(Answer::Vote {
+                round: 1,
+                slot: 1,
+                yes: true
+            })
+        );
+        assert!(s.scripts_known);
+        assert!(matches!(
+            s.next_answer(&limits),
+            Some(Answer::NoScript(Expect { slot: 2, .. }))
+        ));
+        // `+OK` to a script: the stream is out of step; the vote of that command fails.
+        assert_eq!(
+            s.next_answer(&limits),
+            Some(Answer::Broken {
+                error: NodeError::UnexpectedReply(
+                    "script answered with something other than 0 or 1"
+                ),
+                failed: Some((1, 3)),
+            })
+        );
+    }
+
+    #[test]
+    fn a_reply_nobody_asked_for_breaks_the_stream() {
+        let limits = Limits::default();
+        let mut s = ready_owing(&[Kind::Acquire]);
+        feed(&mut s, b"$-1\r\n+OK\r\n");
+        assert_eq!(
+            s.next_answer(&limits),
+            Some(Answer::Vote {
+                round: 1,
+                slot: 0,
+                yes: false
+            })
+        );
+        assert_eq!(
+            s.next_answer(&limits),
+            Some(Answer::Broken {
+                error: NodeError::UnexpectedReply("a reply nobody asked for"),
+                failed: None,
+            })
+        );
+    }
+
+    #[test]
+    fn a_handshake_answered_wrongly_names_the_peer() {
+        let limits = Limits::default();
+        let now = Instant::now();
+        let mut s = Session::new(Login::default(), now);
+        s.opened(now);
+        s.established(now).unwrap();
+        feed(&mut s, b"HTTP/1.1 400 Bad Request\r\n");
+        assert!(matches!(
+            s.next_answer(&limits),
+            Some(Answer::Broken { error: NodeError::NotRedis(ref shown), failed: None })
+                if shown.starts_with("HTTP/1.1 400")
+        ));
+        let mut s = Session::new(
+            Login {
+                password: Some("wrong".into()),
+                ..Login::default()
+            },
+            now,
+        );
+        s.opened(now);
+        s.established(now).unwrap();
+        feed(&mut s, b"-WRONGPASS invalid username-password pair\r\n");
+        assert!(matches!(
+            s.next_answer(&limits),
+            Some(Answer::Broken { error: NodeError::Handshake(ref m), failed: None })
+                if m.starts_with("WRONGPASS")
+        ));
+        // An incomplete reply is no answer yet.
+        let mut s = ready_owing(&[Kind::Acquire]);
+        feed(&mut s, b"+O");
+        assert_eq!(s.next_answer(&limits), None);
+    }
+}
