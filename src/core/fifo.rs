@@ -7,13 +7,11 @@
 //!   emptying resets it to the start of the buffer, so in steady state pushing, peeking
 //!   and popping are a store, a compare and an increment: no wrap-around arithmetic as
 //!   in a ring buffer.
-//! - A connection that never fully catches up (always one reply behind) would walk `head`
-//!   through an ever-growing buffer; once the dead prefix is both large and at least half
-//!   of the buffer it is dropped, so memory stays proportional to the live entries and
-//!   the copying amortises to O(1) per entry.
-
-/// Dead entries tolerated at the front before they are compacted away.
-const COMPACT_AFTER: usize = 1024;
+//! - A connection that never fully catches up (always a reply or two behind, as when
+//!   calls return at a majority) would walk `head` through an ever-growing buffer: a push
+//!   into a full buffer with a dead prefix drops the prefix instead of growing, so the
+//!   buffer grows only when its live entries fill it, and a steady state, however far
+//!   behind, stops allocating once its high-water mark is reached.
 
 /// A FIFO of `Copy` entries.
 #[derive(Debug)]
@@ -23,9 +21,10 @@ pub(crate) struct Fifo<T: Copy> {
 }
 
 impl<T: Copy> Fifo<T> {
-    pub fn new() -> Fifo<T> {
+    /// An empty queue with room for `n` entries before it allocates again.
+    pub fn with_capacity(n: usize) -> Fifo<T> {
         Fifo {
-            buf: Vec::new(),
+            buf: Vec::with_capacity(n),
             head: 0,
         }
     }
@@ -45,6 +44,9 @@ impl<T: Copy> Fifo<T> {
     /// Appends an entry.
     #[inline(always)]
     pub fn push_back(&mut self, item: T) {
+        if self.buf.len() == self.buf.capacity() && self.head > 0 {
+            self.compact();
+        }
         self.buf.push(item);
     }
 
@@ -54,8 +56,6 @@ impl<T: Copy> Fifo<T> {
         self.head += 1;
         if self.head >= self.buf.len() {
             self.clear();
-        } else if self.head >= COMPACT_AFTER && self.head * 2 >= self.buf.len() {
-            self.compact();
         }
     }
 
@@ -96,7 +96,7 @@ mod tests {
     #[test]
     fn behaves_like_a_deque_under_random_use() {
         let mut rng = fastrand::Rng::with_seed(7);
-        let mut fifo = Fifo::new();
+        let mut fifo = Fifo::with_capacity(0);
         let mut model = VecDeque::new();
         for i in 0..200_000u32 {
             match rng.u8(..10) {
@@ -125,13 +125,32 @@ mod tests {
 
     #[test]
     fn a_queue_that_never_empties_stays_small() {
-        let mut fifo = Fifo::new();
+        let mut fifo = Fifo::with_capacity(0);
         fifo.push_back(0u64);
         for i in 1..1_000_000u64 {
             fifo.push_back(i);
             fifo.pop_front();
             assert_eq!(fifo.len(), 1);
         }
-        assert!(fifo.capacity() <= 4 * COMPACT_AFTER, "{}", fifo.capacity());
+        assert!(fifo.capacity() <= 8, "{}", fifo.capacity());
+    }
+
+    #[test]
+    fn a_steady_backlog_stops_growing_at_its_high_water_mark() {
+        let mut fifo = Fifo::with_capacity(0);
+        for i in 0..5u64 {
+            fifo.push_back(i);
+        }
+        let mut grown = Vec::new();
+        for i in 5..100_000u64 {
+            fifo.push_back(i);
+            fifo.pop_front();
+            grown.push(fifo.capacity());
+        }
+        assert_eq!(fifo.len(), 5);
+        // Any growth happens right at the start; then never again.
+        let last = *grown.last().unwrap();
+        assert!(grown[100..].iter().all(|&c| c == last), "{last}");
+        assert!(last <= 16, "{last}");
     }
 }
