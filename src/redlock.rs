@@ -310,15 +310,19 @@ impl Redlock {
     /// Releases the lock on every node with compare-and-delete, and returns on how many
     /// nodes our key was deleted.
     ///
-    /// Waits for every node that is not lagging, at most `node_timeout`. A node that lags
-    /// (frozen, stalled) and still owes replies to this lock's SET or extend is sent the
-    /// compare-and-delete too, without waiting: Redis runs a connection's commands in
-    /// order, so when the node wakes the delete follows the stale write instead of
-    /// leaving a key behind for a whole ttl. `Ok` means a
-    /// quorum of nodes answered (so the lock is certainly free, whatever the count); if
-    /// fewer answered, [`Error::Unavailable`] says which did not — the keys there expire
-    /// with the ttl. Unlocking twice, or after expiry, is harmless: it returns `Ok(0)`
-    /// or the nodes that still had the key.
+    /// The delete goes to every node, and the call returns as soon as a majority has
+    /// answered (at most `node_timeout`): the lock is then free, since no majority holds
+    /// its key any more. **The count is the deletions confirmed when that was decided**:
+    /// with 5 healthy nodes it may be 3 while the other deletes are still in flight (they
+    /// are sent, and their replies are read by later calls, never waited for). A node that
+    /// lags (frozen, stalled) and was written this lock's SET or an extend is sent the
+    /// compare-and-delete too: Redis runs a connection's commands in order, so when the
+    /// node wakes the delete follows the stale write instead of leaving a key behind for a
+    /// whole ttl.
+    ///
+    /// If fewer than a majority answer, [`Error::Unavailable`] says which did not; the
+    /// keys there expire with the ttl. Unlocking twice, or after expiry, is harmless: it
+    /// returns `Ok(0)` or the nodes that still had the key.
     pub fn unlock(&mut self, lock: &Lock) -> Result<usize, Error> {
         let items = [Item {
             key: lock.resource(),

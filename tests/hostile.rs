@@ -536,11 +536,18 @@ fn healthy_majority_wins(cluster: &Cluster, script: Script, resource: &str) {
     let released = rl
         .unlock(&lock)
         .unwrap_or_else(|e| panic!("{script:?}: unlock with 3 healthy of 5: {e}"));
-    assert!(released >= 3, "{script:?}: released on {released}");
+    // unlock returns once a majority has answered (issue #9), and a hostile node's reply
+    // may be one of those answers: the count is what was confirmed by then, not a tally
+    // of the real nodes. Which nodes deleted our key is seen on them: every real node,
+    // within a deadline (the deletes not yet answered are in flight).
+    assert!(released <= 5, "{script:?}: released on {released}");
     for i in 0..3 {
         assert!(
-            !cluster.node(i).admin().exists(resource),
-            "{script:?}: node {i}"
+            common::wait_until(Duration::from_secs(5), || !cluster
+                .node(i)
+                .admin()
+                .exists(resource)),
+            "{script:?}: node {i} kept our key after unlock returned Ok({released})"
         );
     }
     a.assert_client_spoke_resp();
@@ -870,7 +877,15 @@ fn status_reply_to_evalsha() {
     let Error::Unavailable(f) = &err else {
         panic!("wrong error kind: {err:?}");
     };
-    assert_eq!(*outcome(f, 0), Outcome::Released, "{err}");
+    // Two failures decide it (no majority can answer any more): the real node's
+    // delete may be answered after the decision. Its key is checked on the node below.
+    assert!(
+        matches!(
+            outcome(f, 0),
+            Outcome::Released | Outcome::NoReply | Outcome::NotNeeded
+        ),
+        "{err}"
+    );
     for node in [1, 2] {
         assert!(
             matches!(
@@ -880,7 +895,13 @@ fn status_reply_to_evalsha() {
             "{err}"
         );
     }
-    assert!(!cluster.node(0).admin().exists("hostile:okscript"));
+    assert!(
+        common::wait_until(Duration::from_secs(5), || !cluster
+            .node(0)
+            .admin()
+            .exists("hostile:okscript")),
+        "the real node kept our key after unlock"
+    );
     // Each desync reset the connection: the fakes saw the client come back.
     assert!(
         common::wait_until(Duration::from_secs(5), || {
@@ -958,7 +979,7 @@ fn silent_node_costs_node_timeout_at_most_once() {
     // It is far above a healthy round on a loaded machine.
     let node_timeout = Duration::from_secs(2);
     let mut rl = client(&urls, node_timeout);
-    let mut sent_after_call_1 = [0; 2];
+    let first_call = Instant::now();
     for call in 1..=10 {
         let t = Instant::now();
         let lock = rl
@@ -979,9 +1000,11 @@ fn silent_node_costs_node_timeout_at_most_once() {
             .unlock(&lock)
             .unwrap_or_else(|e| panic!("call {call}: unlock: {e}"));
         let took = t.elapsed();
+        // Exactly 3, though unlock returns at a majority: only the 3 real nodes answer,
+        // and the decision needs 3 answers.
         assert_eq!(released, 3, "call {call}");
         if call == 1 {
-            // Release waits for every node not yet known to lag: at most node_timeout.
+            // Release returns at a majority of answers: never waits for the silent nodes.
             assert!(took < node_timeout + MARGIN, "call 1 unlock took {took:?}");
         } else {
             assert!(
@@ -989,20 +1012,40 @@ fn silent_node_costs_node_timeout_at_most_once() {
                 "call {call}: unlock took {took:?}; the silent nodes should be lagging"
             );
         }
-        if call == 1 {
-            a.wait_settled();
-            b.wait_settled();
-            sent_after_call_1 = [a.lock_commands(), b.lock_commands()];
-        }
     }
-    // Structurally: a node that never answered is sent no lock command, so its backlog
-    // does not grow (reconnecting after the connect timeout sends only the handshake).
+    // Since no call waits for the silent nodes any more, the ten calls may all fall within
+    // node_timeout of the first, before the silent nodes count as lagging: lagging is
+    // defined by time (unanswered for node_timeout), so let that time pass. This is the
+    // rule's precondition, not a synchronization.
+    let lagging_from = first_call + node_timeout + Duration::from_millis(50);
+    thread::sleep(lagging_from.saturating_duration_since(Instant::now()));
+    a.wait_settled();
+    b.wait_settled();
+    let sent_before_lagging = [a.lock_commands(), b.lock_commands()];
+    for call in 11..=20 {
+        let t = Instant::now();
+        let lock = rl
+            .try_lock("hostile:silent", TTL)
+            .unwrap_or_else(|e| panic!("call {call}: {e}"));
+        let released = rl
+            .unlock(&lock)
+            .unwrap_or_else(|e| panic!("call {call}: unlock: {e}"));
+        assert_eq!(released, 3, "call {call}");
+        let took = t.elapsed();
+        assert!(
+            took < node_timeout,
+            "call {call}: lock and unlock took {took:?}; the silent nodes should be lagging"
+        );
+    }
+    // Structurally: a node that never answered for node_timeout is sent no lock command,
+    // so its backlog does not grow (reconnecting after the connect timeout sends only the
+    // handshake).
     a.wait_settled();
     b.wait_settled();
     assert_eq!(
         [a.lock_commands(), b.lock_commands()],
-        sent_after_call_1,
-        "commands were still sent to the silent (lagging) nodes after call 1"
+        sent_before_lagging,
+        "commands were still sent to the silent (lagging) nodes after node_timeout"
     );
     // A node that never answered is reported as connecting (or, past the connect
     // timeout, as down after a connect timeout): never as "lagging", never as a vote.

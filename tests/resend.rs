@@ -110,7 +110,21 @@ fn a_lost_attempt_releases_its_own_key_even_where_a_resend_said_held() {
         .build()
         .unwrap();
     let warm = rl.try_lock("warm", Duration::from_secs(10)).unwrap();
-    assert!(matches!(rl.unlock(&warm), Ok(3)));
+    // Every node, node 0 through the proxy included, takes the warm-up's SET and delete:
+    // seen on the nodes, since unlock returns at a majority (its count is at least 2 of 3
+    // and says no more). Once node 0's key is gone its compare-and-delete has run, so the
+    // EVAL count read below already includes it.
+    let holds = |token: Option<&[u8]>| {
+        common::wait_until(Duration::from_secs(10), || {
+            (0..3).all(|i| cluster.node(i).admin().get("warm").as_deref() == token)
+        })
+    };
+    assert!(
+        holds(Some(warm.token())),
+        "not every node got the warm-up SET"
+    );
+    assert!(matches!(rl.unlock(&warm), Ok(2 | 3)));
+    assert!(holds(None), "not every node deleted the warm-up key");
     assert_eq!(cut.accepted.load(Ordering::SeqCst), 1);
     let evals_before = eval_calls(&cluster, 0);
 

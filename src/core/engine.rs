@@ -15,7 +15,8 @@
 //! - A reply is matched to its command through its session's FIFO, tagged with the round
 //!   it belongs to; a reply of an earlier round is read and dropped, never counted in a
 //!   later one (round ids start at 1; 0 tags replies nobody waits for).
-//! - A node that still owes replies older than `node_timeout` is "lagging": it is not
+//! - A node that still owes replies older than `node_timeout`, or more than
+//!   [`MAX_BEHIND`] replies, is "lagging": it is not
 //!   waited for and is sent no new lock command, so a frozen minority costs nothing once
 //!   it has been seen to lag. The one thing queued to it is an unlock's compare-and-delete
 //!   for a lock whose SET or extend was written there: it runs right after the stale
@@ -280,7 +281,10 @@ impl Engine {
             .begin(req.kind, self.sessions.len(), req.items.len());
         let frame = &mut self.frames[(self.round_id & 1) as usize];
         frame.clear();
-        let cmd = cmd_of(req.kind, req.ttl_ms, true);
+        // An unlock returns at a majority and may never read the other replies, so a
+        // `NOSCRIPT` there would go unanswered and leave the key: releases carry the
+        // script itself. Extends use its digest once a connection has shown it cached.
+        let cmd = cmd_of(req.kind, req.ttl_ms, req.kind != Kind::Release);
         for item in req.items {
             frame.push(cmd, item.key, &item.token);
         }
@@ -298,10 +302,10 @@ impl Engine {
             let lagging = s.pending.front().is_some_and(|_| {
                 let cutoff =
                     *lag_cutoff.get_or_insert_with(|| start.checked_sub(self.timing.node_timeout));
-                s.is_lagging(cutoff)
+                s.is_lagging(cutoff) || s.owed() > MAX_BEHIND
             });
-            let by_sha_ok = req.kind == Kind::Acquire || s.scripts_known;
-            if s.state == State::Ready && !s.suspect && !lagging && by_sha_ok {
+            let frame_ok = req.kind != Kind::Extend || s.extend_script_known;
+            if s.state == State::Ready && !s.suspect && !lagging && frame_ok {
                 s.may_resend = true;
                 s.sent = true;
                 s.note_write(self.write_until);
@@ -329,7 +333,7 @@ impl Engine {
     ) {
         self.sessions[node].may_resend = false;
         self.sessions[node].sent = false;
-        if self.sessions[node].is_lagging(lag_cutoff) {
+        if self.sessions[node].is_lagging(lag_cutoff) || self.sessions[node].owed() > MAX_BEHIND {
             // The caller may simply not have polled for a while (it was busy in its
             // critical section) while the replies sit unread in the socket: read them
             // before calling the node lagging.
@@ -355,7 +359,7 @@ impl Engine {
             active.round.fail_node(node, &s.down_error());
             return;
         }
-        if s.suspect || s.is_lagging(lag_cutoff) {
+        if s.suspect || s.is_lagging(lag_cutoff) || s.owed() > MAX_BEHIND {
             // A connection that has not finished its handshake is connecting, whatever
             // made it slow; one that answered it and then fell behind is lagging.
             let why = if s.handshaking() {
@@ -383,7 +387,7 @@ impl Engine {
             kind: Expected::Command(active.req.kind),
             sent_at: now,
         };
-        let bytes = if active.req.kind == Kind::Acquire || s.scripts_known {
+        let bytes = if active.req.kind != Kind::Extend || s.extend_script_known {
             self.frames[(self.round_id & 1) as usize].bytes()
         } else {
             // The scripts themselves until this connection has seen one answered.
@@ -783,6 +787,11 @@ impl Engine {
             + self.extra.capacity()
     }
 }
+
+/// Replies a node may owe before it counts as lagging, however young they are: calls
+/// return at a majority, so a node slower than the caller falls behind round after round;
+/// this bounds how far (and the memory its queue holds), until it catches up.
+pub const MAX_BEHIND: usize = 256;
 
 /// A node's bit in a mask of nodes: nodes from 63 on share the last bit, so a mask is
 /// exact for up to 63 nodes and errs on the side of including a node beyond.

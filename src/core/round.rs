@@ -14,7 +14,9 @@
 //!   `Won`; `no > n − quorum` is `Taken` (others hold it: no quorum can exist);
 //!   `no + failed > n − quorum` is `Unavailable`. Waiting for the slow minority after
 //!   that would only add latency.
-//! - Release waits for every node that was asked (it reports how many deleted), and is
+//! - Release is `Done` as soon as a majority has answered (it reports how many of those
+//!   deleted), or when so many failed that no majority can answer, or when none is
+//!   pending; the replies still owed are read, and dropped, by later calls.
 //!   `Done` when none is pending.
 //! - [`Round::time_out`] turns every pending vote into `NoReply`, which decides every
 //!   slot. Nothing here reads a clock: the caller says when time is up.
@@ -416,7 +418,12 @@ impl Round {
         }
         let t = s.tally;
         s.decision = match self.kind {
-            Some(Kind::Release) if t.pending == 0 => Decision::Done,
+            // A release is decided once a majority has answered (the lock is free: no
+            // majority holds our key any more) or can no longer answer; the rest of the
+            // replies are read, and dropped, by later calls.
+            Some(Kind::Release) if t.yes + t.no >= q || t.pending == 0 || t.failed > spare => {
+                Decision::Done
+            }
             Some(Kind::Release) => return,
             _ if t.yes >= q => Decision::Won,
             _ if t.no > spare => Decision::Taken,
@@ -483,19 +490,41 @@ mod tests {
     }
 
     #[test]
-    fn release_waits_for_every_node_and_counts_deletions() {
-        let (mut r, t) = round(Kind::Release, 3);
+    fn release_is_done_at_a_majority_of_answers_and_counts_deletions() {
+        let (mut r, _) = round(Kind::Release, 5);
         r.record(0, 0, Outcome::Released);
         r.record(1, 0, Outcome::NotHeld);
         assert_eq!(r.decision(0), Decision::Open);
-        r.time_out(t);
+        r.record(3, 0, Outcome::Released);
         assert_eq!(r.decision(0), Decision::Done);
-        assert_eq!((r.yes(0), r.answered(0)), (1, 2));
+        assert_eq!((r.yes(0), r.answered(0)), (2, 3));
         let outcomes: Vec<_> = r.outcomes(0).collect();
         assert_eq!(
             outcomes,
-            [Outcome::Released, Outcome::NotHeld, Outcome::NoReply]
+            [
+                Outcome::Released,
+                Outcome::NotHeld,
+                Outcome::NotNeeded,
+                Outcome::Released,
+                Outcome::NotNeeded
+            ]
         );
+    }
+
+    #[test]
+    fn release_is_done_when_no_majority_can_answer() {
+        let (mut r, t) = round(Kind::Release, 5);
+        r.record(0, 0, Outcome::Released);
+        r.record(1, 0, Outcome::NoReply);
+        r.record(2, 0, Outcome::Failed(NodeError::Lagging));
+        assert_eq!(r.decision(0), Decision::Open);
+        r.record(3, 0, Outcome::Failed(NodeError::Closed));
+        assert_eq!(r.decision(0), Decision::Done);
+        assert_eq!(r.answered(0), 1);
+        let (mut r, _) = round(Kind::Release, 3);
+        r.record(0, 0, Outcome::Released);
+        r.time_out(t);
+        assert_eq!((r.decision(0), r.answered(0)), (Decision::Done, 1));
     }
 
     #[test]

@@ -181,10 +181,11 @@ pub struct Session {
     /// not dropped for lagging or for a slow handshake: the bytes may already sit in the
     /// node's socket, and an unlock's delete must follow them on the same connection.
     owed_until: Option<Instant>,
-    /// This connection has seen a script answer (not `NOSCRIPT`): the node has the
-    /// scripts cached, so EVALSHA is safe. Until then scripts go as EVAL: a `NOSCRIPT`
-    /// that comes back after its round (a frozen node) would leave the key behind.
-    pub scripts_known: bool,
+    /// This connection has seen the extend script answered (not `NOSCRIPT`): the node
+    /// has it cached, so EVALSHA is safe. Until then extends go as EVAL: a `NOSCRIPT`
+    /// that comes back after its round is decided could be left unanswered. (Releases
+    /// always go as EVAL: an unlock does not wait for every reply.)
+    pub extend_script_known: bool,
 }
 
 impl Session {
@@ -208,7 +209,7 @@ impl Session {
             may_resend: false,
             sent: false,
             owed_until: None,
-            scripts_known: false,
+            extend_script_known: false,
         }
     }
 
@@ -237,7 +238,7 @@ impl Session {
     /// commands queue behind it.
     pub fn opened(&mut self, now: Instant) {
         self.generation += 1;
-        self.scripts_known = false;
+        self.extend_script_known = false;
         self.state = State::Connecting;
         self.connect_started = now;
         let Login { user, password, db } = &self.login;
@@ -415,7 +416,7 @@ impl Session {
         let buf = self.inbox.get(self.head..self.tail)?;
         let (yes, used) = quick_vote(kind, buf)?;
         let vote = (expect.round, expect.slot, yes);
-        self.scripts_known |= kind != Kind::Acquire;
+        self.extend_script_known |= kind == Kind::Extend;
         self.consume(used);
         Some(vote)
     }
@@ -488,10 +489,9 @@ impl Session {
         if !matches!(answer, Answer::Broken { .. }) {
             self.consume(used);
         }
-        // A script answered 0 or 1: the node has the scripts cached.
-        if matches!(answer, Answer::Vote { .. }) && expect.kind != Expected::Command(Kind::Acquire)
-        {
-            self.scripts_known = true;
+        // The extend script answered 0 or 1: the node has it cached.
+        if matches!(answer, Answer::Vote { .. }) && expect.kind == Expected::Command(Kind::Extend) {
+            self.extend_script_known = true;
         }
         Some(answer)
     }
@@ -693,7 +693,10 @@ mod tests {
         feed(&mut s, b"+OK\r\n:0\r\n:1");
         assert_eq!(s.take_vote(), Some((7, 0, true)));
         assert_eq!(s.take_vote(), Some((8, 0, false)));
-        assert!(s.scripts_known, "a script answered: EVALSHA is safe now");
+        assert!(
+            !s.extend_script_known,
+            "a release says nothing of the extend script"
+        );
         assert_eq!(s.take_vote(), None, "incomplete");
         feed(&mut s, b"\r\n");
         assert_eq!(s.take_vote(), Some((8, 1, true)));
@@ -787,7 +790,7 @@ mod tests {
                 yes: true
             })
         );
-        assert!(s.scripts_known);
+        assert!(s.extend_script_known);
         assert!(matches!(
             s.next_answer(&limits),
             Some(Answer::NoScript(Expect { slot: 2, .. }))
