@@ -106,7 +106,7 @@ impl Transport for Net {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn write(&mut self, node: usize, bytes: &[u8]) -> Result<usize, NodeError> {
         loop {
             let r = match &mut self.streams[node] {
@@ -123,7 +123,7 @@ impl Transport for Net {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn read(&mut self, node: usize, buf: &mut [u8]) -> Result<Received, NodeError> {
         loop {
             let r = match &mut self.streams[node] {
