@@ -1071,3 +1071,1100 @@ fn ms(now: SimTime) -> i64 {
 fn run_id(rng: &mut fastrand::Rng) -> [u8; 40] {
     std::array::from_fn(|_| b"0123456789abcdef"[rng.usize(..16)])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quorumlock::__private::core::command::{acquire, extend, release};
+    use quorumlock::__private::core::token::Token;
+
+    const MS: SimTime = NS_PER_MS;
+    const NOSCRIPT: &[u8] = b"-NOSCRIPT No matching script. Please use EVAL.\r\n";
+
+    /// One command as the client encodes it: a multibulk of bulks.
+    fn req(args: &[&[u8]]) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            bulk(&mut out, a);
+        }
+        out
+    }
+
+    /// Runs one command on an open connection; returns its reply.
+    fn run(node: &mut SimNode, conn: ConnId, args: &[&[u8]], now: SimTime) -> Vec<u8> {
+        let fed = node.feed(conn, &req(args), now);
+        assert_eq!(
+            fed.closed,
+            None,
+            "{:?}",
+            String::from_utf8_lossy(&fed.reply)
+        );
+        fed.reply
+    }
+
+    fn text(b: &[u8]) -> String {
+        String::from_utf8_lossy(b).into_owned()
+    }
+
+    /// Length of the one well-formed RESP2 reply at the head of `b`, if there is one.
+    fn resp_value(b: &[u8]) -> Option<usize> {
+        let cr = b.iter().position(|&c| c == b'\r')?;
+        if b.get(cr + 1) != Some(&b'\n') || b[..cr].contains(&b'\n') {
+            return None;
+        }
+        let line = &b[1..cr];
+        let after = cr + 2;
+        match b[0] {
+            b'+' | b'-' => Some(after),
+            b':' => string2ll(line).map(|_| after),
+            b'$' => match string2ll(line)? {
+                -1 => Some(after),
+                n if n >= 0 => {
+                    let end = after + n as usize;
+                    (b.get(end..end + 2)? == b"\r\n").then_some(end + 2)
+                }
+                _ => None,
+            },
+            b'*' => {
+                let n = string2ll(line)?;
+                let mut at = after;
+                for _ in 0..n.max(0) {
+                    at += resp_value(&b[at..])?;
+                }
+                Some(at)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `b` is a sequence of complete, well-formed RESP2 replies.
+    fn well_formed(mut b: &[u8]) -> bool {
+        while !b.is_empty() {
+            match resp_value(b) {
+                Some(n) => b = &b[n..],
+                None => return false,
+            }
+        }
+        true
+    }
+
+    #[test]
+    fn string2ll_is_redis_strict() {
+        assert_eq!(string2ll(b"0"), Some(0));
+        assert_eq!(string2ll(b"10000"), Some(10000));
+        assert_eq!(string2ll(b"-1"), Some(-1));
+        assert_eq!(string2ll(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(string2ll(b"-9223372036854775808"), Some(i64::MIN));
+        for bad in [
+            &b""[..],
+            b"-",
+            b"-0",
+            b"01",
+            b"+1",
+            b" 1",
+            b"1 ",
+            b"1.5",
+            b"9223372036854775808",
+            b"-9223372036854775809",
+            b"99999999999999999999",
+            b"000000000000000000001",
+        ] {
+            assert_eq!(string2ll(bad), None, "{}", text(bad));
+        }
+    }
+
+    #[test]
+    fn ping_quit_and_unknown_commands() {
+        let mut n = SimNode::new(1);
+        let c = n.accept();
+        assert_eq!(run(&mut n, c, &[b"PING"], 0), b"+PONG\r\n");
+        assert_eq!(run(&mut n, c, &[b"ping", b"hi"], 0), b"$2\r\nhi\r\n");
+        assert_eq!(
+            run(&mut n, c, &[b"PING", b"a", b"b"], 0),
+            b"-ERR wrong number of arguments for 'ping' command\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"FOO", b"a", b"b"], 0),
+            b"-ERR unknown command 'FOO', with args beginning with: 'a' 'b' \r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"HELLO"], 0),
+            b"-ERR unknown command 'HELLO', with args beginning with: \r\n"
+        );
+        // CR and LF never reach the reply; names and arguments are cut at 128 bytes or NUL.
+        let long = [b'x'; 300];
+        let reply = run(&mut n, c, &[b"a\r\nb", &long, b"c\0d"], 0);
+        assert!(well_formed(&reply), "{}", text(&reply));
+        assert!(reply.starts_with(b"-ERR unknown command 'a  b', with args beginning with: 'xxx"));
+        assert!(reply.len() < 300, "{}", reply.len());
+        let reply = run(&mut n, c, &[b"x\0y", b"c\0d"], 0);
+        assert_eq!(
+            reply,
+            b"-ERR unknown command 'x', with args beginning with: 'c' \r\n"
+        );
+        assert_eq!(n.commands(), 7);
+        let fed = n.feed(c, &req(&[b"QUIT"]), 0);
+        assert_eq!(fed.reply, b"+OK\r\n");
+        assert_eq!(fed.closed, Some(Closed::Quit));
+        assert!(!n.is_open(c));
+        assert_eq!(n.feed(c, &req(&[b"PING"]), 0).closed, Some(Closed::NotOpen));
+    }
+
+    #[test]
+    fn set_nx_twice_keeps_the_first_holder() {
+        let mut n = SimNode::new(2);
+        let c = n.accept();
+        let t = 7 * MS;
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"k", b"a", b"NX", b"PX", b"1000"], t),
+            b"+OK\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"k", b"b", b"NX", b"PX", b"1000"], t),
+            b"$-1\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"set", b"k", b"b", b"px", b"9", b"nx"], t),
+            b"$-1\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"GET", b"k"], t + MS), b"$1\r\na\r\n");
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], t + MS), b":999\r\n");
+        assert_eq!(
+            n.keys(t + MS),
+            vec![KeyView {
+                db: 0,
+                key: b"k".to_vec(),
+                value: b"a".to_vec(),
+                pttl_ms: Some(999)
+            }]
+        );
+        // Another connection sees the same keyspace.
+        let d = n.accept();
+        assert_eq!(
+            run(&mut n, d, &[b"SET", b"k", b"c", b"NX", b"PX", b"5"], t),
+            b"$-1\r\n"
+        );
+        // Plain SET and XX overwrite, and drop the ttl unless KEEPTTL.
+        assert_eq!(
+            run(&mut n, d, &[b"SET", b"k", b"c", b"XX", b"KEEPTTL"], t),
+            b"+OK\r\n"
+        );
+        assert_eq!(run(&mut n, d, &[b"PTTL", b"k"], t), b":1000\r\n");
+        assert_eq!(run(&mut n, d, &[b"SET", b"k", b"d"], t), b"+OK\r\n");
+        assert_eq!(run(&mut n, d, &[b"PTTL", b"k"], t), b":-1\r\n");
+        assert_eq!(n.keys(t)[0].pttl_ms, None);
+        assert_eq!(run(&mut n, d, &[b"SET", b"m", b"d", b"XX"], t), b"$-1\r\n");
+        assert_eq!(run(&mut n, d, &[b"PTTL", b"m"], t), b":-2\r\n");
+        assert_eq!(
+            run(&mut n, d, &[b"SET", b"e", b"1", b"EX", b"2"], t),
+            b"+OK\r\n"
+        );
+        assert_eq!(run(&mut n, d, &[b"PTTL", b"e"], t), b":2000\r\n");
+        assert_eq!(run(&mut n, d, &[b"DEL", b"k", b"e", b"m"], t), b":2\r\n");
+        assert_eq!(run(&mut n, d, &[b"DEL", b"k"], t), b":0\r\n");
+        assert_eq!(n.keys(t), vec![]);
+    }
+
+    #[test]
+    fn px_expires_exactly_at_the_boundary_in_whole_node_milliseconds() {
+        let mut n = SimNode::new(3);
+        let c = n.accept();
+        // Set at 10.3 ms on the node clock: Redis reads 10 ms, so the expiry is 110 ms.
+        let t = 10 * MS + 300_000;
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"k", b"v", b"NX", b"PX", b"100"], t),
+            b"+OK\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], t), b":100\r\n");
+        // Still there for all of 110 ms (even past t + 100 ms), with PTTL 0 ...
+        let last = 111 * MS - 1;
+        assert_eq!(n.value(0, b"k", last), Some(&b"v"[..]));
+        assert_eq!(n.keys(last)[0].pttl_ms, Some(0));
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 110 * MS), b":0\r\n");
+        assert_eq!(run(&mut n, c, &[b"GET", b"k"], last), b"$1\r\nv\r\n");
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"k", b"w", b"NX", b"PX", b"100"], last),
+            b"$-1\r\n"
+        );
+        // ... and gone from 111 ms: for reads, for NX and for the invariant view.
+        let gone = 111 * MS;
+        assert_eq!(n.keys(gone), vec![]);
+        assert_eq!(n.value(0, b"k", gone), None);
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], gone), b":-2\r\n");
+        assert_eq!(run(&mut n, c, &[b"GET", b"k"], gone), b"$-1\r\n");
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"k", b"w", b"NX", b"PX", b"100"], gone),
+            b"+OK\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"GET", b"k"], gone), b"$1\r\nw\r\n");
+
+        // Lazy expiry keeps the dead key in memory until something looks or expire_all.
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"a", b"1", b"PX", b"1"], 0),
+            b"+OK\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"b", b"1", b"PX", b"500"], 0),
+            b"+OK\r\n"
+        );
+        assert_eq!(n.expire_all(MS), 0);
+        assert_eq!(n.expire_all(2 * MS), 1);
+        assert_eq!(n.value(0, b"a", 0), None, "expire_all deleted it");
+        assert_eq!(n.value(0, b"b", 0), Some(&b"1"[..]));
+        // The node's clock is only what it is given: back in time, the key lives again.
+        assert_eq!(run(&mut n, c, &[b"GET", b"k"], 0), b"$1\r\nw\r\n");
+    }
+
+    #[test]
+    fn set_and_pexpire_argument_errors() {
+        let mut n = SimNode::new(4);
+        let c = n.accept();
+        let cases: [(&[&[u8]], &[u8]); 12] = [
+            (
+                &[b"SET", b"k", b"v", b"PX", b"0"],
+                b"-ERR invalid expire time in 'set' command\r\n",
+            ),
+            (
+                &[b"SET", b"k", b"v", b"PX", b"-5"],
+                b"-ERR invalid expire time in 'set' command\r\n",
+            ),
+            (
+                &[b"SET", b"k", b"v", b"EX", b"9223372036854776"],
+                b"-ERR invalid expire time in 'set' command\r\n",
+            ),
+            (
+                &[b"SET", b"k", b"v", b"PX", b"9223372036854775807"],
+                b"-ERR invalid expire time in 'set' command\r\n",
+            ),
+            (
+                &[b"SET", b"k", b"v", b"PX", b"1.5"],
+                b"-ERR value is not an integer or out of range\r\n",
+            ),
+            (
+                &[b"SET", b"k", b"v", b"NX", b"XX"],
+                b"-ERR syntax error\r\n",
+            ),
+            (&[b"SET", b"k", b"v", b"PX"], b"-ERR syntax error\r\n"),
+            (
+                &[b"SET", b"k", b"v", b"PX", b"5", b"EX", b"5"],
+                b"-ERR syntax error\r\n",
+            ),
+            (&[b"SET", b"k", b"v", b"GET"], b"-ERR syntax error\r\n"),
+            (
+                &[b"SET", b"k"],
+                b"-ERR wrong number of arguments for 'set' command\r\n",
+            ),
+            (
+                &[b"PEXPIRE", b"k", b"x"],
+                b"-ERR value is not an integer or out of range\r\n",
+            ),
+            (
+                &[b"PEXPIRE", b"k", b"5", b"NX"],
+                b"-ERR Unsupported option NX\r\n",
+            ),
+        ];
+        for (args, want) in cases {
+            assert_eq!(run(&mut n, c, args, 5 * MS), want, "{args:?}");
+        }
+        assert_eq!(n.keys(0), vec![], "no failed SET wrote anything");
+        assert_eq!(
+            run(&mut n, c, &[b"GET"], 0),
+            b"-ERR wrong number of arguments for 'get' command\r\n"
+        );
+    }
+
+    #[test]
+    fn pexpire_and_pttl() {
+        let mut n = SimNode::new(5);
+        let c = n.accept();
+        assert_eq!(run(&mut n, c, &[b"PEXPIRE", b"k", b"100"], 0), b":0\r\n");
+        run(&mut n, c, &[b"SET", b"k", b"v"], 0);
+        assert_eq!(
+            run(&mut n, c, &[b"PEXPIRE", b"k", b"100"], 3 * MS),
+            b":1\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 3 * MS), b":100\r\n");
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 50 * MS), b":53\r\n");
+        // An expiry not in the future deletes the key, and still answers 1.
+        assert_eq!(
+            run(&mut n, c, &[b"PEXPIRE", b"k", b"0"], 50 * MS),
+            b":1\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"GET", b"k"], 50 * MS), b"$-1\r\n");
+        run(&mut n, c, &[b"SET", b"k", b"v"], 0);
+        assert_eq!(run(&mut n, c, &[b"PEXPIRE", b"k", b"-7"], 0), b":1\r\n");
+        assert_eq!(n.keys(0), vec![]);
+    }
+
+    /// `EVAL` of one of the two scripts.
+    fn eval<'a>(script: &'a [u8], key: &'a [u8], args: &[&'a [u8]]) -> Vec<&'a [u8]> {
+        let mut v: Vec<&[u8]> = vec![b"EVAL", script, b"1", key];
+        v.extend_from_slice(args);
+        v
+    }
+
+    fn evalsha<'a>(sha: &'a [u8], key: &'a [u8], args: &[&'a [u8]]) -> Vec<&'a [u8]> {
+        let mut v: Vec<&[u8]> = vec![b"EVALSHA", sha, b"1", key];
+        v.extend_from_slice(args);
+        v
+    }
+
+    #[test]
+    fn release_deletes_only_with_the_right_token() {
+        let mut n = SimNode::new(6);
+        let c = n.accept();
+        run(&mut n, c, &[b"SET", b"k", b"tok", b"NX", b"PX", b"1000"], 0);
+        assert_eq!(
+            run(&mut n, c, &eval(RELEASE, b"k", &[b"other"]), 0),
+            b":0\r\n"
+        );
+        assert_eq!(run(&mut n, c, &eval(RELEASE, b"k", &[b"to"]), 0), b":0\r\n");
+        assert_eq!(run(&mut n, c, &eval(RELEASE, b"k", &[]), 0), b":0\r\n");
+        assert_eq!(n.value(0, b"k", 0), Some(&b"tok"[..]));
+        assert_eq!(
+            run(&mut n, c, &eval(RELEASE, b"k", &[b"tok"]), 0),
+            b":1\r\n"
+        );
+        assert_eq!(n.value(0, b"k", 0), None);
+        assert_eq!(
+            run(&mut n, c, &eval(RELEASE, b"k", &[b"tok"]), 0),
+            b":0\r\n"
+        );
+        // An expired key is not there to release.
+        run(&mut n, c, &[b"SET", b"k", b"tok", b"NX", b"PX", b"10"], 0);
+        assert_eq!(
+            run(&mut n, c, &eval(RELEASE, b"k", &[b"tok"]), 11 * MS),
+            b":0\r\n"
+        );
+        // Extra keys and arguments are ignored, as the script ignores them.
+        run(&mut n, c, &[b"SET", b"k", b"tok"], 0);
+        let args: [&[u8]; 7] = [b"EVAL", RELEASE, b"2", b"k", b"x", b"tok", b"y"];
+        assert_eq!(run(&mut n, c, &args, 0), b":1\r\n");
+    }
+
+    #[test]
+    fn extend_sets_the_ttl_only_with_the_right_token() {
+        let mut n = SimNode::new(7);
+        let c = n.accept();
+        run(&mut n, c, &[b"SET", b"k", b"tok", b"NX", b"PX", b"1000"], 0);
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"k", &[b"other", b"5000"]), 0),
+            b":0\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 0), b":1000\r\n");
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"k", &[b"tok", b"5000"]), 400 * MS),
+            b":1\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 400 * MS), b":5000\r\n");
+        assert_eq!(n.value(0, b"k", 5400 * MS), Some(&b"tok"[..]));
+        assert_eq!(n.value(0, b"k", 5401 * MS), None);
+        // Shorter is allowed: it is a new ttl, not a minimum.
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"k", &[b"tok", b"10"]), 400 * MS),
+            b":1\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 400 * MS), b":10\r\n");
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"k", &[b"tok", b"10"]), 411 * MS),
+            b":0\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"gone", &[b"tok", b"10"]), 0),
+            b":0\r\n"
+        );
+        // A bad ttl fails inside the script, only once the token matched.
+        run(&mut n, c, &[b"SET", b"k", b"tok"], 0);
+        let bad = run(&mut n, c, &eval(EXTEND, b"k", &[b"tok", b"soon"]), 0);
+        assert!(bad.starts_with(b"-ERR value is not an integer or out of range script: 36e94d1c"));
+        assert!(well_formed(&bad));
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"k", &[b"x", b"soon"]), 0),
+            b":0\r\n"
+        );
+        let missing = run(&mut n, c, &eval(EXTEND, b"k", &[b"tok"]), 0);
+        assert!(missing.starts_with(b"-ERR Lua redis lib command arguments must be strings"));
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 0), b":-1\r\n");
+        // A ttl of 0 deletes, and counts as extended (PEXPIRE's answer).
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"k", &[b"tok", b"0"]), 0),
+            b":1\r\n"
+        );
+        assert_eq!(n.keys(0), vec![]);
+    }
+
+    #[test]
+    fn eval_argument_errors() {
+        let mut n = SimNode::new(8);
+        let c = n.accept();
+        let cases: [(&[&[u8]], &[u8]); 6] = [
+            (
+                &[b"EVAL", RELEASE, b"x", b"k"],
+                b"-ERR value is not an integer or out of range\r\n",
+            ),
+            (
+                &[b"EVAL", RELEASE, b"2", b"k"],
+                b"-ERR Number of keys can't be greater than number of args\r\n",
+            ),
+            (
+                &[b"EVAL", RELEASE, b"-1", b"k"],
+                b"-ERR Number of keys can't be negative\r\n",
+            ),
+            (
+                &[b"EVALSHA", RELEASE_SHA, b"3"],
+                b"-ERR Number of keys can't be greater than number of args\r\n",
+            ),
+            (
+                &[b"EVAL", b"return 1", b"0"],
+                b"-ERR sim: only the release and extend scripts are modelled\r\n",
+            ),
+            (&[b"EVALSHA", b"abc", b"0"], NOSCRIPT),
+        ];
+        for (args, want) in cases {
+            assert_eq!(text(&run(&mut n, c, args, 0)), text(want), "{args:?}");
+        }
+        // Argument errors come before the cache: nothing was cached by them.
+        assert!(!n.script_cached(RELEASE_SHA));
+        // No key: the script's own GET fails.
+        let reply = run(&mut n, c, &[b"EVAL", RELEASE, b"0", b"tok"], 0);
+        assert!(
+            reply.starts_with(b"-ERR Lua redis lib command arguments"),
+            "{}",
+            text(&reply)
+        );
+        assert!(reply.ends_with(
+            b"script: b70c2384248f88e6b75b9f89241a180f856ad852, on @user_script:1.\r\n"
+        ));
+    }
+
+    #[test]
+    fn evalsha_needs_the_script_cached_by_eval_and_flush_and_restart_forget_it() {
+        let mut n = SimNode::new(9);
+        let c = n.accept();
+        run(&mut n, c, &[b"SET", b"k", b"tok"], 0);
+        assert_eq!(
+            run(&mut n, c, &evalsha(RELEASE_SHA, b"k", &[b"tok"]), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            run(&mut n, c, &evalsha(EXTEND_SHA, b"k", &[b"tok", b"9"]), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            n.value(0, b"k", 0),
+            Some(&b"tok"[..]),
+            "NOSCRIPT ran nothing"
+        );
+        // EVAL of the extend script caches that one only.
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"k", &[b"tok", b"900"]), 0),
+            b":1\r\n"
+        );
+        assert!(n.script_cached(EXTEND_SHA) && !n.script_cached(RELEASE_SHA));
+        assert_eq!(
+            run(&mut n, c, &evalsha(RELEASE_SHA, b"k", &[b"tok"]), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            run(&mut n, c, &evalsha(EXTEND_SHA, b"k", &[b"tok", b"800"]), 0),
+            b":1\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 0), b":800\r\n");
+        // The cache is the node's, not the connection's; the digest is case-insensitive.
+        let d = n.accept();
+        let upper = EXTEND_SHA.to_ascii_uppercase();
+        assert_eq!(
+            run(&mut n, d, &evalsha(&upper, b"k", &[b"no", b"1"]), 0),
+            b":0\r\n"
+        );
+        assert_eq!(run(&mut n, d, &eval(RELEASE, b"k", &[b"no"]), 0), b":0\r\n");
+        assert_eq!(
+            run(&mut n, c, &evalsha(RELEASE_SHA, b"k", &[b"tok"]), 0),
+            b":1\r\n"
+        );
+        // SCRIPT FLUSH forgets both.
+        assert_eq!(run(&mut n, c, &[b"SCRIPT", b"FLUSH"], 0), b"+OK\r\n");
+        assert!(!n.script_cached(RELEASE_SHA) && !n.script_cached(EXTEND_SHA));
+        assert_eq!(
+            run(&mut n, c, &evalsha(RELEASE_SHA, b"k", &[b"tok"]), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            run(&mut n, c, &evalsha(EXTEND_SHA, b"k", &[b"tok", b"1"]), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"script", b"flush", b"async"], 0),
+            b"+OK\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"SCRIPT", b"FLUSH", b"NOW"], 0),
+            b"-ERR SCRIPT FLUSH only support SYNC|ASYNC option\r\n"
+        );
+        // SCRIPT LOAD and EXISTS.
+        let loaded = run(&mut n, c, &[b"SCRIPT", b"LOAD", RELEASE], 0);
+        assert_eq!(loaded, [&b"$40\r\n"[..], RELEASE_SHA, b"\r\n"].concat());
+        assert_eq!(
+            run(
+                &mut n,
+                c,
+                &[b"SCRIPT", b"EXISTS", RELEASE_SHA, EXTEND_SHA, b"x"],
+                0
+            ),
+            b"*3\r\n:1\r\n:0\r\n:0\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"SCRIPT", b"KILL"], 0),
+            b"-ERR unknown subcommand 'KILL'. Try SCRIPT HELP.\r\n"
+        );
+        // A restart forgets the cache, every key and every connection.
+        run(&mut n, c, &eval(EXTEND, b"x", &[b"t", b"1"]), 0);
+        run(&mut n, c, &[b"SET", b"k", b"tok"], 0);
+        let id = *n.run_id();
+        assert_eq!(
+            *SimNode::new(9).run_id(),
+            id,
+            "the run id comes from the seed"
+        );
+        n.restart();
+        assert_eq!(n.seed(), 9);
+        assert_eq!(n.restarts(), 1);
+        assert_ne!(*n.run_id(), id);
+        assert_eq!(n.connections(), 0);
+        assert_eq!(n.feed(c, &req(&[b"PING"]), 0).closed, Some(Closed::NotOpen));
+        assert_eq!(n.keys(0), vec![]);
+        assert!(!n.script_cached(RELEASE_SHA) && !n.script_cached(EXTEND_SHA));
+        let e = n.accept();
+        assert_ne!(e, c, "ids are never reused");
+        assert_eq!(
+            run(&mut n, e, &evalsha(RELEASE_SHA, b"k", &[b"tok"]), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            run(&mut n, e, &evalsha(EXTEND_SHA, b"x", &[b"t", b"1"]), 0),
+            NOSCRIPT
+        );
+    }
+
+    #[test]
+    fn the_clients_own_frames() {
+        let mut n = SimNode::new(10);
+        let c = n.accept();
+        let (mine, theirs) = (Token::from_bits(1), Token::from_bits(2));
+        let mut out = Vec::new();
+        let mut send = |n: &mut SimNode, f: &dyn Fn(&mut Vec<u8>), now| {
+            out.clear();
+            f(&mut out);
+            run_raw(n, c, &out, now)
+        };
+        assert_eq!(
+            send(&mut n, &|o| acquire(o, b"res", &mine, 500), 0),
+            b"+OK\r\n"
+        );
+        assert_eq!(
+            send(&mut n, &|o| acquire(o, b"res", &theirs, 500), 0),
+            b"$-1\r\n"
+        );
+        assert_eq!(n.value(0, b"res", 0), Some(&mine.as_array()[..]));
+        assert_eq!(
+            send(&mut n, &|o| release(o, b"res", &theirs, true), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            send(&mut n, &|o| release(o, b"res", &theirs, false), 0),
+            b":0\r\n"
+        );
+        assert_eq!(
+            send(&mut n, &|o| extend(o, b"res", &mine, 2000, true), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            send(&mut n, &|o| extend(o, b"res", &mine, 2000, false), 0),
+            b":1\r\n"
+        );
+        assert_eq!(
+            send(&mut n, &|o| extend(o, b"res", &mine, 3000, true), MS),
+            b":1\r\n"
+        );
+        assert_eq!(n.keys(MS)[0].pttl_ms, Some(3000));
+        assert_eq!(
+            send(&mut n, &|o| release(o, b"res", &mine, true), 0),
+            b":1\r\n"
+        );
+        assert_eq!(n.keys(0), vec![]);
+    }
+
+    fn run_raw(node: &mut SimNode, conn: ConnId, bytes: &[u8], now: SimTime) -> Vec<u8> {
+        let fed = node.feed(conn, bytes, now);
+        assert_eq!(fed.closed, None, "{}", text(&fed.reply));
+        fed.reply
+    }
+
+    #[test]
+    fn auth_and_noauth() {
+        // No password: the default user is nopass.
+        let mut n = SimNode::new(11);
+        let c = n.accept();
+        let reply = run(&mut n, c, &[b"AUTH", b"pw"], 0);
+        assert!(reply.starts_with(b"-ERR AUTH <password> called without any password configured"));
+        assert_eq!(
+            run(&mut n, c, &[b"AUTH", b"default", b"anything"], 0),
+            b"+OK\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"AUTH", b"app", b"pw"], 0),
+            b"-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+        );
+
+        n.set_password(Some(b"pw"));
+        n.add_user(b"app", b"secret");
+        assert_eq!(
+            run(&mut n, c, &[b"PING"], 0),
+            b"+PONG\r\n",
+            "open connections stay in"
+        );
+        let d = n.accept();
+        assert_eq!(
+            run(&mut n, d, &[b"PING"], 0),
+            b"-NOAUTH Authentication required.\r\n"
+        );
+        assert_eq!(
+            run(&mut n, d, &[b"GET", b"k"], 0),
+            b"-NOAUTH Authentication required.\r\n"
+        );
+        // Unknown commands and wrong arity are reported before NOAUTH, as in Redis 7.
+        assert!(run(&mut n, d, &[b"NOPE"], 0).starts_with(b"-ERR unknown command 'NOPE'"));
+        assert_eq!(
+            run(&mut n, d, &[b"GET"], 0),
+            b"-ERR wrong number of arguments for 'get' command\r\n"
+        );
+        let wrong = b"-WRONGPASS invalid username-password pair or user is disabled.\r\n";
+        assert_eq!(run(&mut n, d, &[b"AUTH", b"nope"], 0), wrong);
+        assert_eq!(run(&mut n, d, &[b"AUTH", b"app", b"pw"], 0), wrong);
+        assert_eq!(
+            run(&mut n, d, &[b"AUTH", b"a", b"b", b"c"], 0),
+            b"-ERR syntax error\r\n"
+        );
+        assert_eq!(run(&mut n, d, &[b"AUTH", b"pw"], 0), b"+OK\r\n");
+        assert_eq!(run(&mut n, d, &[b"PING"], 0), b"+PONG\r\n");
+        assert_eq!(run(&mut n, d, &[b"AUTH", b"nope"], 0), wrong);
+        assert_eq!(
+            run(&mut n, d, &[b"PING"], 0),
+            b"+PONG\r\n",
+            "a failed AUTH keeps the login"
+        );
+        let e = n.accept();
+        assert_eq!(run(&mut n, e, &[b"AUTH", b"app", b"secret"], 0), b"+OK\r\n");
+        let f = n.accept();
+        assert_eq!(run(&mut n, f, &[b"AUTH", b"default", b"pw"], 0), b"+OK\r\n");
+        // The handshake the client pipelines: AUTH, SELECT, PING in one write.
+        let g = n.accept();
+        let hs = [
+            req(&[b"AUTH", b"app", b"secret"]),
+            req(&[b"SELECT", b"2"]),
+            req(&[b"PING"]),
+        ]
+        .concat();
+        assert_eq!(run_raw(&mut n, g, &hs, 0), b"+OK\r\n+OK\r\n+PONG\r\n");
+        // Before AUTH, Redis 7 refuses long requests outright.
+        let h = n.accept();
+        let big = vec![b'x'; 16385];
+        let fed = n.feed(h, &req(&[b"AUTH", &big]), 0);
+        assert_eq!(
+            fed.reply,
+            b"-ERR Protocol error: unauthenticated bulk length\r\n"
+        );
+        assert_eq!(fed.closed, Some(Closed::Protocol));
+        let h = n.accept();
+        let fed = n.feed(h, &req(&[&b"PING"[..]; 11]), 0);
+        assert_eq!(
+            fed.reply,
+            b"-ERR Protocol error: unauthenticated multibulk length\r\n"
+        );
+        assert_eq!(fed.closed, Some(Closed::Protocol));
+        // After AUTH, in the same write, the limits are gone.
+        let h = n.accept();
+        let both = [req(&[b"AUTH", b"pw"]), req(&[&b"ECHO"[..]; 11])].concat();
+        let reply = run_raw(&mut n, h, &both, 0);
+        assert!(
+            reply.starts_with(b"+OK\r\n-ERR unknown command 'ECHO'"),
+            "{}",
+            text(&reply)
+        );
+        // Configuration survives a restart; logins do not.
+        n.restart();
+        let i = n.accept();
+        assert_eq!(
+            run(&mut n, i, &[b"PING"], 0),
+            b"-NOAUTH Authentication required.\r\n"
+        );
+        n.set_password(None);
+        let j = n.accept();
+        assert_eq!(run(&mut n, j, &[b"PING"], 0), b"+PONG\r\n");
+    }
+
+    #[test]
+    fn select_separates_databases() {
+        let mut n = SimNode::new(12);
+        let (c, d) = (n.accept(), n.accept());
+        assert_eq!(run(&mut n, c, &[b"SELECT", b"2"], 0), b"+OK\r\n");
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"k", b"two", b"NX", b"PX", b"100"], 0),
+            b"+OK\r\n"
+        );
+        assert_eq!(run(&mut n, d, &[b"GET", b"k"], 0), b"$-1\r\n");
+        assert_eq!(
+            run(&mut n, d, &[b"SET", b"k", b"zero", b"NX", b"PX", b"100"], 0),
+            b"+OK\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &eval(RELEASE, b"k", &[b"zero"]), 0),
+            b":0\r\n"
+        );
+        assert_eq!(
+            run(&mut n, d, &evalsha(RELEASE_SHA, b"k", &[b"zero"]), 0),
+            b":1\r\n"
+        );
+        assert_eq!(n.value(2, b"k", 0), Some(&b"two"[..]));
+        assert_eq!(n.keys(0).iter().map(|k| k.db).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(
+            run(&mut n, c, &[b"SELECT", b"16"], 0),
+            b"-ERR DB index is out of range\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"SELECT", b"-1"], 0),
+            b"-ERR DB index is out of range\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"SELECT", b"4294967296"], 0),
+            b"-ERR value is not an integer or out of range\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"SELECT", b"x"], 0),
+            b"-ERR value is not an integer or out of range\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"GET", b"k"], 0),
+            b"$3\r\ntwo\r\n",
+            "still in db 2"
+        );
+    }
+
+    /// A pipeline touching every command, with the replies it must get in one piece.
+    fn pipeline() -> Vec<u8> {
+        let cmds: Vec<Vec<&[u8]>> = vec![
+            vec![b"PING"],
+            vec![b"SET", b"k", b"tok", b"NX", b"PX", b"1000"],
+            vec![b"SET", b"k", b"other", b"NX", b"PX", b"1000"],
+            vec![b"GET", b"k"],
+            evalsha(RELEASE_SHA, b"k", &[b"tok"]),
+            eval(EXTEND, b"k", &[b"tok", b"2000"]),
+            evalsha(EXTEND_SHA, b"k", &[b"bad", b"2000"]),
+            vec![b"PTTL", b"k"],
+            eval(RELEASE, b"k", &[b"tok"]),
+            vec![b"PEXPIRE", b"k", b"5"],
+            vec![b"SELECT", b"1"],
+            vec![b"SET", b"", b"", b"PX", b"1"],
+            vec![b"NOPE", b"x"],
+            vec![b"DEL", b"", b"k"],
+            vec![b"SCRIPT", b"FLUSH"],
+            evalsha(EXTEND_SHA, b"k", &[b"tok", b"2000"]),
+        ];
+        let mut bytes: Vec<u8> = cmds.iter().flat_map(|c| req(c)).collect();
+        bytes.extend_from_slice(b"*0\r\n\r\nPING  inline\r\n*1\r\n$4\r\nPING\r\n");
+        bytes
+    }
+
+    const PIPELINE_REPLY: &[u8] = b"+PONG\r\n+OK\r\n$-1\r\n$3\r\ntok\r\n\
+        -NOSCRIPT No matching script. Please use EVAL.\r\n:1\r\n:0\r\n:2000\r\n:1\r\n:0\r\n\
+        +OK\r\n+OK\r\n-ERR unknown command 'NOPE', with args beginning with: 'x' \r\n:1\r\n\
+        +OK\r\n-NOSCRIPT No matching script. Please use EVAL.\r\n$6\r\ninline\r\n+PONG\r\n";
+
+    #[test]
+    fn pipelined_commands_split_at_every_byte_answer_as_whole() {
+        let bytes = pipeline();
+        let now = 3 * MS;
+        let mut whole = SimNode::new(13);
+        let c = whole.accept();
+        assert_eq!(
+            text(&run_raw(&mut whole, c, &bytes, now)),
+            text(PIPELINE_REPLY)
+        );
+        let keys = whole.keys(now);
+        for split in 0..=bytes.len() {
+            let mut n = SimNode::new(13);
+            let c = n.accept();
+            let mut reply = run_raw(&mut n, c, &bytes[..split], now);
+            reply.extend(run_raw(&mut n, c, &bytes[split..], now));
+            assert_eq!(reply, PIPELINE_REPLY, "split at {split}");
+            assert_eq!(n.keys(now), keys);
+            assert_eq!(n.buffered(c), 0);
+        }
+        // One byte at a time: every reply comes out with the byte that completes its command.
+        let mut n = SimNode::new(13);
+        let c = n.accept();
+        let mut reply = Vec::new();
+        for (i, b) in bytes.iter().enumerate() {
+            let got = run_raw(&mut n, c, std::slice::from_ref(b), now);
+            if !got.is_empty() {
+                assert!(bytes[..=i].ends_with(b"\r\n") || bytes[..=i].ends_with(b"\n"));
+            }
+            assert!(well_formed(&got));
+            reply.extend(got);
+        }
+        assert_eq!(reply, PIPELINE_REPLY);
+        // Random cuts into several pieces.
+        let mut rng = fastrand::Rng::with_seed(13);
+        for _ in 0..300 {
+            let mut n = SimNode::new(13);
+            let c = n.accept();
+            let mut reply = Vec::new();
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let (piece, tail) = rest.split_at(rng.usize(0..=rest.len().min(40)));
+                reply.extend(run_raw(&mut n, c, piece, now));
+                rest = tail;
+            }
+            assert_eq!(reply, PIPELINE_REPLY);
+        }
+    }
+
+    #[test]
+    fn a_partial_command_waits_for_the_rest() {
+        let mut n = SimNode::new(14);
+        let c = n.accept();
+        let set = req(&[b"SET", b"k", b"tok", b"NX", b"PX", b"100"]);
+        for cut in 1..set.len() {
+            let mut n = SimNode::new(14);
+            let c = n.accept();
+            assert_eq!(run_raw(&mut n, c, &set[..cut], 0), b"", "cut at {cut}");
+            assert_eq!(n.buffered(c), cut);
+            assert_eq!(n.keys(0), vec![], "nothing ran");
+            assert_eq!(n.commands(), 0);
+            // The rest arrives later: the command runs at the time of the byte completing it.
+            assert_eq!(run_raw(&mut n, c, &set[cut..], 50 * MS), b"+OK\r\n");
+            assert_eq!(n.keys(50 * MS)[0].pttl_ms, Some(100));
+            assert_eq!(n.buffered(c), 0);
+        }
+        // A complete command followed by part of the next: the first is answered now.
+        let mut two = req(&[b"PING"]);
+        two.extend_from_slice(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r");
+        assert_eq!(run_raw(&mut n, c, &two, 0), b"+PONG\r\n");
+        assert_eq!(n.buffered(c), 19);
+        assert_eq!(run_raw(&mut n, c, b"", 0), b"");
+        assert_eq!(run_raw(&mut n, c, b"\n", 0), b"$-1\r\n");
+        // Closing drops the partial input.
+        assert_eq!(run_raw(&mut n, c, b"*1\r\n", 0), b"");
+        n.close(c);
+        n.close(c);
+        assert_eq!(n.buffered(c), 0);
+        assert_eq!(n.connections(), 0);
+    }
+
+    #[test]
+    fn protocol_errors_answer_then_close() {
+        let cases: [(&[u8], &[u8]); 11] = [
+            (
+                b"*abc\r\n",
+                b"-ERR Protocol error: invalid multibulk length\r\n",
+            ),
+            (
+                b"*1048577\r\n",
+                b"-ERR Protocol error: invalid multibulk length\r\n",
+            ),
+            (
+                b"*01\r\n",
+                b"-ERR Protocol error: invalid multibulk length\r\n",
+            ),
+            (
+                b"*1\r\nPING\r\n",
+                b"-ERR Protocol error: expected '$', got 'P'\r\n",
+            ),
+            // The CR in the error text becomes a space, as in Redis.
+            (
+                b"*1\r\n\r\n",
+                b"-ERR Protocol error: expected '$', got ' '\r\n",
+            ),
+            (
+                b"*1\r\n$-1\r\n",
+                b"-ERR Protocol error: invalid bulk length\r\n",
+            ),
+            (
+                b"*1\r\n$1048577\r\n",
+                b"-ERR Protocol error: invalid bulk length\r\n",
+            ),
+            (
+                b"*1\r\n$x\r\n",
+                b"-ERR Protocol error: invalid bulk length\r\n",
+            ),
+            (
+                b"*1\r\n$4\r\nPINGxx",
+                b"-ERR Protocol error: expected '\\r\\n' after a bulk\r\n",
+            ),
+            (
+                b"*1\rx",
+                b"-ERR Protocol error: expected '\\n' after '\\r'\r\n",
+            ),
+            (
+                b"+PING\r\n",
+                b"-ERR unknown command '+PING', with args beginning with: \r\n",
+            ),
+        ];
+        for (input, want) in cases {
+            let mut n = SimNode::new(15);
+            let c = n.accept();
+            // Commands before the bad one are answered first.
+            let bytes = [&b"PING\r\n"[..], input].concat();
+            let fed = n.feed(c, &bytes, 0);
+            let reply = [&b"+PONG\r\n"[..], want].concat();
+            assert_eq!(text(&fed.reply), text(&reply), "{}", text(input));
+            if want.starts_with(b"-ERR Protocol") {
+                assert_eq!(fed.closed, Some(Closed::Protocol));
+                assert!(!n.is_open(c));
+                assert_eq!(n.feed(c, b"PING\r\n", 0).closed, Some(Closed::NotOpen));
+            } else {
+                assert_eq!(fed.closed, None);
+            }
+        }
+    }
+
+    #[test]
+    fn input_is_bounded() {
+        // A bulk that would fit, but does not arrive in full: closed past 1 MiB held.
+        let mut n = SimNode::new(16);
+        let c = n.accept();
+        let head = format!("*2\r\n$3\r\nGET\r\n${MAX_QUERY}\r\n");
+        assert_eq!(run_raw(&mut n, c, head.as_bytes(), 0), b"");
+        let fill = vec![b'a'; MAX_QUERY - head.len()];
+        assert_eq!(run_raw(&mut n, c, &fill, 0), b"");
+        assert_eq!(n.buffered(c), MAX_QUERY);
+        let fed = n.feed(c, b"a", 0);
+        assert_eq!(
+            fed,
+            Fed {
+                reply: vec![],
+                closed: Some(Closed::QueryLimit)
+            }
+        );
+        assert!(!n.is_open(c));
+        // A large command that completes is fine, in one feed or many.
+        let big = vec![b'v'; 900 * 1024];
+        let set = req(&[b"SET", b"big", &big]);
+        let c = n.accept();
+        for piece in set.chunks(100_000) {
+            run_raw(&mut n, c, piece, 0);
+        }
+        assert_eq!(n.value(0, b"big", 0).map(<[u8]>::len), Some(big.len()));
+        assert_eq!(n.buffered(c), 0);
+        // Many complete commands in one feed are not limited.
+        let many: Vec<u8> = std::iter::repeat_n(req(&[b"PING"]), 100_000)
+            .flatten()
+            .collect();
+        assert!(many.len() > MAX_QUERY);
+        assert_eq!(run_raw(&mut n, c, &many, 0).len(), 7 * 100_000);
+        // Lines that never end.
+        let c = n.accept();
+        run_raw(&mut n, c, &vec![b'P'; MAX_INLINE], 0);
+        let fed = n.feed(c, b"P", 0);
+        assert_eq!(
+            fed.reply,
+            b"-ERR Protocol error: too big inline request\r\n"
+        );
+        let c = n.accept();
+        let fed = n.feed(c, &[&b"*"[..], &vec![b'1'; MAX_INLINE + 1]].concat(), 0);
+        assert_eq!(
+            fed.reply,
+            b"-ERR Protocol error: too big mbulk count string\r\n"
+        );
+        let c = n.accept();
+        let fed = n.feed(
+            c,
+            &[&b"*1\r\n$"[..], &vec![b'1'; MAX_INLINE + 1]].concat(),
+            0,
+        );
+        assert_eq!(
+            fed.reply,
+            b"-ERR Protocol error: too big bulk count string\r\n"
+        );
+        assert_eq!(fed.closed, Some(Closed::Protocol));
+    }
+
+    /// One chunk of hostile input: noise, valid commands, or valid commands mangled.
+    fn chunk(rng: &mut fastrand::Rng) -> Vec<u8> {
+        let cmds: [Vec<&[u8]>; 12] = [
+            vec![b"PING"],
+            vec![b"SET", b"k", b"t1", b"NX", b"PX", b"5"],
+            vec![b"SET", b"k", b"t2", b"NX", b"PX", b"100"],
+            vec![b"GET", b"k"],
+            eval(RELEASE, b"k", &[b"t1"]),
+            evalsha(RELEASE_SHA, b"k", &[b"t2"]),
+            eval(EXTEND, b"k", &[b"t2", b"50"]),
+            evalsha(EXTEND_SHA, b"k", &[b"t1", b"-1"]),
+            vec![b"SCRIPT", b"FLUSH"],
+            vec![b"AUTH", b"pw"],
+            vec![b"SELECT", b"3"],
+            vec![b"PTTL", b"k"],
+        ];
+        match rng.u8(0..6) {
+            0 => (0..rng.usize(0..64)).map(|_| rng.u8(..)).collect(),
+            1 => (0..rng.usize(0..32))
+                .map(|_| *rng.choice(b"*$\r\n0123456789-PINGSET ").unwrap())
+                .collect(),
+            2 => {
+                let mut b = req(rng.choice(&cmds).unwrap());
+                let i = rng.usize(..b.len());
+                b[i] = rng.u8(..);
+                b
+            }
+            3 => {
+                let b = req(rng.choice(&cmds).unwrap());
+                b[..rng.usize(..=b.len())].to_vec()
+            }
+            _ => req(rng.choice(&cmds).unwrap()),
+        }
+    }
+
+    #[test]
+    fn no_input_panics_and_every_reply_is_well_formed() {
+        for seed in 0..300u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut n = SimNode::new(seed);
+            if rng.bool() {
+                n.set_password(Some(b"pw"));
+            }
+            let mut conns = vec![n.accept(), n.accept()];
+            let mut now: SimTime = rng.u64(..1 << 40);
+            for _ in 0..200 {
+                now = match rng.u8(0..10) {
+                    0 => rng.u64(..),
+                    1 => now.saturating_sub(rng.u64(..10 * MS)),
+                    _ => now.saturating_add(rng.u64(..3 * MS)),
+                };
+                match rng.u8(0..40) {
+                    0 => n.restart(),
+                    1 => n.close(*rng.choice(&conns).unwrap()),
+                    2 => conns.push(n.accept()),
+                    3 => {
+                        n.expire_all(now);
+                    }
+                    _ => {}
+                }
+                let c = *rng.choice(&conns).unwrap();
+                let bytes = chunk(&mut rng);
+                let fed = n.feed(c, &bytes, now);
+                assert!(well_formed(&fed.reply), "seed {seed}: {}", text(&fed.reply));
+                assert!(n.buffered(c) <= MAX_QUERY);
+                if fed.closed == Some(Closed::NotOpen) {
+                    assert!(fed.reply.is_empty());
+                }
+                if fed.closed.is_some() {
+                    assert!(!n.is_open(c));
+                }
+                for k in n.keys(now) {
+                    assert!(k.db < DATABASES);
+                    assert_eq!(n.value(k.db, &k.key, now), Some(&k.value[..]));
+                }
+            }
+        }
+    }
+}
