@@ -10,10 +10,11 @@
 //!   Redis in one way: the `\r\n` after a bulk and after a `*`/`$` header is checked (Redis
 //!   skips two bytes blindly), so an encoder that miscounts a length is caught at once.
 //! - Commands: `PING [msg]`, `AUTH [user] pass`, `SELECT db`, `SET key value [NX|XX]
-//!   [EX s|PX ms|KEEPTTL]`, `GET`, `DEL key…`, `PEXPIRE key ms`, `PTTL`, `EVAL`/`EVALSHA`
-//!   of exactly the client's two scripts, `SCRIPT FLUSH|LOAD|EXISTS`, `QUIT`. The order of
-//!   checks is Redis 7's: unknown command, then arity, then `NOAUTH`, then the command's own
-//!   argument errors. Error texts are Redis 7's.
+//!   [EX s|PX ms|KEEPTTL]`, `GET`, `DEL key…`, `PEXPIRE key ms [NX|XX|GT|LT]`, `PTTL`,
+//!   `EVAL`/`EVALSHA` of exactly the client's two scripts, `SCRIPT FLUSH|LOAD|EXISTS`,
+//!   `QUIT`. The order of checks is Redis 7's: unknown command, then arity, then `NOAUTH`,
+//!   then the command's own argument errors. Replies and error texts were compared byte for
+//!   byte with `redis-server` 7.0.15 (the unit tests pin them).
 //! - Time: the node reads only the `now` it is given (nanoseconds on its own clock, which
 //!   may jump or run backwards: Redis expires by wall-clock time). Like Redis, it works in
 //!   whole milliseconds: `PX ms` sets the expiry to `now_ms + ms` with
@@ -32,11 +33,13 @@
 //!   Freezes, latency and partial writes are the simulation's business: it just does not
 //!   feed, delays, or splits.
 //! - Bounds: a connection holding more than [`MAX_QUERY`] bytes of input with no complete
-//!   command is closed; a `*` count above [`MAX_MULTIBULK`] or a bulk longer than
-//!   [`MAX_QUERY`] is a protocol error; header and inline lines wait at most
-//!   [`MAX_INLINE`] bytes for their end. As in Redis 7, while a password is required and
-//!   the connection has not authenticated, a request of more than 10 arguments or a bulk
-//!   over 16384 bytes is a protocol error.
+//!   command is closed without a reply; a `*` count above [`MAX_MULTIBULK`] or a bulk
+//!   longer than [`MAX_QUERY`] is a protocol error; header and inline lines wait at most
+//!   [`MAX_INLINE`] bytes for their end. That is Redis 7 configured with
+//!   `client-query-buffer-limit 1mb` and `proto-max-bulk-len 1mb` (both the smallest
+//!   allowed). As in Redis 7, while a password is required and the connection has not
+//!   authenticated, a request of more than 10 arguments or a bulk over 16384 bytes is a
+//!   protocol error.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -52,8 +55,8 @@ pub const NS_PER_MS: SimTime = 1_000_000;
 /// Bytes of input a connection may hold without a complete command (and the longest bulk).
 pub const MAX_QUERY: usize = 1 << 20;
 
-/// The largest `*` count accepted.
-pub const MAX_MULTIBULK: i64 = 1024 * 1024;
+/// The largest `*` count accepted (Redis 7's); [`MAX_QUERY`] bounds it in practice.
+pub const MAX_MULTIBULK: i64 = i32::MAX as i64;
 
 /// How long a `*`/`$` header line or an inline request may grow before it must end.
 pub const MAX_INLINE: usize = 64 * 1024;
@@ -735,15 +738,16 @@ impl SimNode {
             }
             Cmd::Auth => self.auth(s, argv, out),
             Cmd::Select => match string2ll(argv[1]) {
-                Some(n) if i32::try_from(n).is_ok() => {
-                    if (0..DATABASES as i64).contains(&n) {
-                        s.db = n as usize;
-                        simple(out, b"OK");
-                    } else {
-                        err(out, b"ERR DB index is out of range");
-                    }
+                Some(n) if (0..DATABASES as i64).contains(&n) => {
+                    s.db = n as usize;
+                    simple(out, b"OK");
                 }
-                _ => err(out, NOT_INTEGER),
+                Some(n) if i32::try_from(n).is_ok() => err(out, b"ERR DB index is out of range"),
+                Some(_) => err(
+                    out,
+                    b"ERR value is out of range, value must between -2147483648 and 2147483647",
+                ),
+                None => err(out, NOT_INTEGER),
             },
             Cmd::Set => self.set(s.db, argv, now_ms, out),
             Cmd::Get => match self.lookup(s.db, argv[1], now_ms) {
@@ -761,12 +765,8 @@ impl SimNode {
                 int(out, n);
             }
             Cmd::Pexpire => {
-                if argv.len() > 3 {
-                    let mut msg = b"ERR Unsupported option ".to_vec();
-                    msg.extend_from_slice(c_str(argv[3], usize::MAX));
-                    err(out, &msg);
-                } else if let Err(e) = self.pexpire(s.db, argv[1], argv[2], now_ms, out) {
-                    err(out, e.as_bytes());
+                if let Err(e) = self.pexpire(s.db, argv[1], argv[2], &argv[3..], now_ms, out) {
+                    err(out, &e);
                 }
             }
             Cmd::Pttl => match self.lookup(s.db, argv[1], now_ms) {
@@ -877,22 +877,49 @@ impl SimNode {
         simple(out, b"OK");
     }
 
-    /// `PEXPIRE key ms`: `:0` for a missing key, `:1` otherwise (deleting the key if the
-    /// new expiry is not in the future). `Err`: the error text.
+    /// `PEXPIRE key ms [NX|XX|GT|LT]`: `:0` for a missing key or an unmet condition, `:1`
+    /// otherwise (deleting the key if the new expiry is not in the future). `Err`: the
+    /// error text.
     fn pexpire(
         &mut self,
         db: usize,
         key: &[u8],
         raw: &[u8],
+        options: &[&[u8]],
         now_ms: i64,
         out: &mut Vec<u8>,
-    ) -> Result<(), String> {
-        let n = string2ll(raw).ok_or_else(|| String::from_utf8_lossy(NOT_INTEGER).into_owned())?;
+    ) -> Result<(), Vec<u8>> {
+        let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+        for opt in options {
+            let flag = match opt.to_ascii_uppercase().as_slice() {
+                b"NX" => &mut nx,
+                b"XX" => &mut xx,
+                b"GT" => &mut gt,
+                b"LT" => &mut lt,
+                _ => return Err([&b"ERR Unsupported option "[..], c_str(opt, usize::MAX)].concat()),
+            };
+            *flag = true;
+        }
+        if nx && (xx || gt || lt) {
+            return Err(
+                b"ERR NX and XX, GT or LT options at the same time are not compatible".to_vec(),
+            );
+        }
+        if gt && lt {
+            return Err(b"ERR GT and LT options at the same time are not compatible".to_vec());
+        }
+        let n = string2ll(raw).ok_or_else(|| NOT_INTEGER.to_vec())?;
         let when = n
             .checked_add(now_ms)
-            .ok_or_else(|| "ERR invalid expire time in 'pexpire' command".to_string())?;
+            .ok_or_else(|| b"ERR invalid expire time in 'pexpire' command".to_vec())?;
+        let refused = |current: Option<i64>| match current {
+            // No expiry counts as an infinite one.
+            None => xx || gt,
+            Some(cur) => nx || (gt && when <= cur) || (lt && when >= cur),
+        };
         match self.lookup(db, key, now_ms) {
             None => int(out, 0),
+            Some(e) if refused(e.expires_ms) => int(out, 0),
             Some(_) if when <= now_ms => {
                 self.dbs[db].remove(key);
                 int(out, 1);
@@ -973,9 +1000,9 @@ impl SimNode {
                     );
                 };
                 let mut reply = Vec::new();
-                match self.pexpire(db, key, ttl, now_ms, &mut reply) {
+                match self.pexpire(db, key, ttl, &[], now_ms, &mut reply) {
                     Ok(()) => out.extend_from_slice(&reply),
-                    Err(e) => script_err(out, &e),
+                    Err(e) => script_err(out, &String::from_utf8_lossy(&e)),
                 }
             }
         }
@@ -1195,8 +1222,15 @@ mod tests {
         let long = [b'x'; 300];
         let reply = run(&mut n, c, &[b"a\r\nb", &long, b"c\0d"], 0);
         assert!(well_formed(&reply), "{}", text(&reply));
-        assert!(reply.starts_with(b"-ERR unknown command 'a  b', with args beginning with: 'xxx"));
-        assert!(reply.len() < 300, "{}", reply.len());
+        let want = format!(
+            "-ERR unknown command 'a  b', with args beginning with: '{}' \r\n",
+            "x".repeat(128)
+        );
+        assert_eq!(
+            text(&reply),
+            want,
+            "the first 128 bytes of arguments, no more"
+        );
         let reply = run(&mut n, c, &[b"x\0y", b"c\0d"], 0);
         assert_eq!(
             reply,
@@ -1359,8 +1393,8 @@ mod tests {
                 b"-ERR value is not an integer or out of range\r\n",
             ),
             (
-                &[b"PEXPIRE", b"k", b"5", b"NX"],
-                b"-ERR Unsupported option NX\r\n",
+                &[b"PEXPIRE", b"k", b"5", b"BAD"],
+                b"-ERR Unsupported option BAD\r\n",
             ),
         ];
         for (args, want) in cases {
@@ -1393,6 +1427,50 @@ mod tests {
         assert_eq!(run(&mut n, c, &[b"GET", b"k"], 50 * MS), b"$-1\r\n");
         run(&mut n, c, &[b"SET", b"k", b"v"], 0);
         assert_eq!(run(&mut n, c, &[b"PEXPIRE", b"k", b"-7"], 0), b":1\r\n");
+        assert_eq!(n.keys(0), vec![]);
+    }
+
+    #[test]
+    fn pexpire_options_as_redis_7() {
+        let mut n = SimNode::new(17);
+        let c = n.accept();
+        run(&mut n, c, &[b"SET", b"k", b"v"], 0);
+        let px = |ms: &'static [u8], opts: &[&'static [u8]]| {
+            let mut v: Vec<&[u8]> = vec![b"PEXPIRE", b"k", ms];
+            v.extend_from_slice(opts);
+            v
+        };
+        // No expiry counts as infinite: XX and GT refuse, LT and NX accept.
+        assert_eq!(run(&mut n, c, &px(b"100", &[b"XX"]), 0), b":0\r\n");
+        assert_eq!(run(&mut n, c, &px(b"100", &[b"GT"]), 0), b":0\r\n");
+        assert_eq!(run(&mut n, c, &px(b"100", &[b"lt"]), 0), b":1\r\n");
+        assert_eq!(run(&mut n, c, &px(b"200", &[b"NX"]), 0), b":0\r\n");
+        assert_eq!(
+            run(&mut n, c, &px(b"100", &[b"LT"]), 0),
+            b":0\r\n",
+            "not less"
+        );
+        assert_eq!(
+            run(&mut n, c, &px(b"100", &[b"GT"]), 0),
+            b":0\r\n",
+            "not greater"
+        );
+        assert_eq!(run(&mut n, c, &px(b"200", &[b"GT", b"XX"]), 0), b":1\r\n");
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 0), b":200\r\n");
+        assert_eq!(
+            run(&mut n, c, &px(b"1", &[b"NX", b"GT"]), 0),
+            b"-ERR NX and XX, GT or LT options at the same time are not compatible\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &px(b"1", &[b"GT", b"LT"]), 0),
+            b"-ERR GT and LT options at the same time are not compatible\r\n"
+        );
+        // Options are checked before the number.
+        assert_eq!(
+            run(&mut n, c, &px(b"x", &[b"NOPE"]), 0),
+            b"-ERR Unsupported option NOPE\r\n"
+        );
+        assert_eq!(run(&mut n, c, &px(b"-1", &[b"LT"]), 0), b":1\r\n");
         assert_eq!(n.keys(0), vec![]);
     }
 
@@ -1784,10 +1862,10 @@ mod tests {
         assert_eq!(fed.closed, Some(Closed::Protocol));
         // After AUTH, in the same write, the limits are gone.
         let h = n.accept();
-        let both = [req(&[b"AUTH", b"pw"]), req(&[&b"ECHO"[..]; 11])].concat();
+        let both = [req(&[b"AUTH", b"pw"]), req(&[&b"NOPE"[..]; 11])].concat();
         let reply = run_raw(&mut n, h, &both, 0);
         assert!(
-            reply.starts_with(b"+OK\r\n-ERR unknown command 'ECHO'"),
+            reply.starts_with(b"+OK\r\n-ERR unknown command 'NOPE'"),
             "{}",
             text(&reply)
         );
@@ -1837,7 +1915,7 @@ mod tests {
         );
         assert_eq!(
             run(&mut n, c, &[b"SELECT", b"4294967296"], 0),
-            b"-ERR value is not an integer or out of range\r\n"
+            &b"-ERR value is out of range, value must between -2147483648 and 2147483647\r\n"[..]
         );
         assert_eq!(
             run(&mut n, c, &[b"SELECT", b"x"], 0),
@@ -1969,7 +2047,7 @@ mod tests {
                 b"-ERR Protocol error: invalid multibulk length\r\n",
             ),
             (
-                b"*1048577\r\n",
+                b"*2147483648\r\n",
                 b"-ERR Protocol error: invalid multibulk length\r\n",
             ),
             (
