@@ -1,0 +1,2248 @@
+//! One simulated Redis 7 master, as a lock client sees it: raw request bytes in, raw reply
+//! bytes out, on the node's own clock.
+//!
+//! # What is modelled
+//!
+//! - The request protocol: RESP2 multibulk (`*N` then `$len` bulks), as the client sends
+//!   it, and a simplified inline form (one line split on ASCII whitespace, no quoting).
+//!   Every length is bounded; a request that breaks the protocol is answered
+//!   `-ERR Protocol error: …` and the connection is closed, as Redis does. Stricter than
+//!   Redis in one way: the `\r\n` after a bulk and after a `*`/`$` header is checked (Redis
+//!   skips two bytes blindly), so an encoder that miscounts a length is caught at once.
+//! - Commands: `PING [msg]`, `AUTH [user] pass`, `SELECT db`, `SET key value [NX|XX]
+//!   [EX s|PX ms|KEEPTTL]`, `GET`, `DEL key…`, `PEXPIRE key ms [NX|XX|GT|LT]`, `PTTL`,
+//!   `EVAL`/`EVALSHA` of exactly the client's two scripts, `SCRIPT FLUSH|LOAD|EXISTS`,
+//!   `QUIT`. The order of checks is Redis 7's: unknown command, then arity, then `NOAUTH`,
+//!   then the command's own argument errors. Replies and error texts were compared byte for
+//!   byte with `redis-server` 7.0.15 (the unit tests pin them).
+//! - Time: the node reads only the `now` it is given (nanoseconds on its own clock, which
+//!   may jump or run backwards: Redis expires by wall-clock time). Like Redis, it works in
+//!   whole milliseconds: `PX ms` sets the expiry to `now_ms + ms` with
+//!   `now_ms = now / 1 ms`, and a key is gone once `now_ms > expiry`. So a key set at node
+//!   time `t` with `PX ms` is still there at `t + ms` and gone from
+//!   `(floor(t / 1 ms) + ms + 1) ms` on: it can outlive its ttl by up to 1 ms, which is
+//!   what the Redlock drift allowance's `+ 2 ms` is for.
+//! - Expiry is lazy (every access checks), plus [`SimNode::expire_all`]; Redis's active
+//!   expiry samples keys at random, which no command can observe.
+//! - The script cache: `EVAL` and `SCRIPT LOAD` of either script cache it by its SHA1
+//!   (the constants of `core::script`, the script matched by its exact text); `EVALSHA` of
+//!   a script not cached answers `-NOSCRIPT`. `SCRIPT FLUSH` and [`SimNode::restart`]
+//!   empty it. Any other script is refused with an error that says it is not modelled.
+//! - Faults: [`SimNode::restart`] (no persistence: every key, the script cache and every
+//!   connection lost; connection ids are never reused, so a stale id reads as closed).
+//!   Freezes, latency and partial writes are the simulation's business: it just does not
+//!   feed, delays, or splits.
+//! - Bounds: a connection holding more than [`MAX_QUERY`] bytes of input with no complete
+//!   command is closed without a reply; a `*` count above [`MAX_MULTIBULK`] or a bulk
+//!   longer than [`MAX_QUERY`] is a protocol error; header and inline lines wait at most
+//!   [`MAX_INLINE`] bytes for their end. That is Redis 7 configured with
+//!   `client-query-buffer-limit 1mb` and `proto-max-bulk-len 1mb` (both the smallest
+//!   allowed). As in Redis 7, while a password is required and the connection has not
+//!   authenticated, a request of more than 10 arguments or a bulk over 16384 bytes is a
+//!   protocol error.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use quorumlock::__private::core::script::{EXTEND, EXTEND_SHA, RELEASE, RELEASE_SHA};
+
+/// A time on one node's own clock, in nanoseconds.
+pub type SimTime = u64;
+
+/// Nanoseconds per millisecond.
+pub const NS_PER_MS: SimTime = 1_000_000;
+
+/// Bytes of input a connection may hold without a complete command (and the longest bulk).
+pub const MAX_QUERY: usize = 1 << 20;
+
+/// The largest `*` count accepted (Redis 7's); [`MAX_QUERY`] bounds it in practice.
+pub const MAX_MULTIBULK: i64 = i32::MAX as i64;
+
+/// How long a `*`/`$` header line or an inline request may grow before it must end.
+pub const MAX_INLINE: usize = 64 * 1024;
+
+/// Number of databases (`SELECT 0` to `SELECT 15`).
+pub const DATABASES: usize = 16;
+
+const UNAUTH_MAX_MULTIBULK: i64 = 10;
+const UNAUTH_MAX_BULK: i64 = 16384;
+
+/// One client connection to a node. Never reused, even across restarts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnId(u64);
+
+/// Why a connection is (now) closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// Fed after it was closed, after a restart, or never accepted: nothing was read.
+    NotOpen,
+    /// The request broke the protocol; the reply ends with the `-ERR Protocol error`.
+    Protocol,
+    /// More than [`MAX_QUERY`] bytes of input without a complete command. No reply for
+    /// the incomplete command.
+    QueryLimit,
+    /// `QUIT` was answered `+OK`.
+    Quit,
+}
+
+/// What one [`SimNode::feed`] produced.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fed {
+    /// Every reply, in order, for every complete command in the input so far.
+    pub reply: Vec<u8>,
+    /// Set if the connection is closed now (after `reply` is delivered).
+    pub closed: Option<Closed>,
+}
+
+/// One live key, as seen by an invariant check.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KeyView {
+    /// Database index.
+    pub db: usize,
+    /// The key.
+    pub key: Vec<u8>,
+    /// Its value (for a lock: the holder's token).
+    pub value: Vec<u8>,
+    /// What `PTTL` would answer, in ms; `None` for a key without expiry.
+    pub pttl_ms: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    value: Vec<u8>,
+    /// Absolute expiry on the node clock, in ms (Redis's `when`); `None`: never.
+    expires_ms: Option<i64>,
+}
+
+impl Entry {
+    fn expired(&self, now_ms: i64) -> bool {
+        self.expires_ms.is_some_and(|when| now_ms > when)
+    }
+}
+
+/// What a connection carries between commands.
+#[derive(Clone, Debug)]
+struct Session {
+    db: usize,
+    authed: bool,
+}
+
+/// One connection: its unread input and how far the command at its head is parsed.
+#[derive(Debug)]
+struct Conn {
+    /// Input not yet consumed; `buf[start..]` is the command being parsed.
+    buf: Vec<u8>,
+    start: usize,
+    /// Parse position.
+    at: usize,
+    /// Where the search for the current line's end resumes (all before it was searched).
+    scan: usize,
+    /// Bulks still to read, once the `*` header is read.
+    want: Option<usize>,
+    /// The arguments parsed so far, as ranges of `buf`.
+    args: Vec<Range<usize>>,
+    session: Session,
+}
+
+enum Parsed {
+    /// `args` holds one complete command.
+    Command,
+    /// More input is needed.
+    Wait,
+    /// A protocol error, with Redis's text.
+    Error(String),
+}
+
+impl Conn {
+    fn new(authed: bool) -> Conn {
+        Conn {
+            buf: Vec::new(),
+            start: 0,
+            at: 0,
+            scan: 0,
+            want: None,
+            args: Vec::new(),
+            session: Session { db: 0, authed },
+        }
+    }
+
+    /// Position of the next `delim` at or after `self.at`, resuming an earlier search.
+    fn find(&mut self, delim: u8) -> Option<usize> {
+        let from = self.scan.max(self.at);
+        match self.buf[from..].iter().position(|&b| b == delim) {
+            Some(i) => Some(from + i),
+            None => {
+                self.scan = self.buf.len();
+                None
+            }
+        }
+    }
+
+    fn advance(&mut self, to: usize) {
+        self.at = to;
+        self.scan = to;
+    }
+
+    /// Parses as far as the input allows; stops at the first complete command.
+    fn parse(&mut self, unauth: bool) -> Parsed {
+        loop {
+            match self.want {
+                None => {
+                    let Some(&first) = self.buf.get(self.at) else {
+                        return Parsed::Wait;
+                    };
+                    if first != b'*' {
+                        match self.parse_inline() {
+                            Some(Parsed::Wait) => return Parsed::Wait,
+                            Some(p) => return p,
+                            // An empty line: nothing to run.
+                            None => continue,
+                        }
+                    }
+                    let Some(cr) = self.find(b'\r') else {
+                        if self.buf.len() - self.at > MAX_INLINE {
+                            return error("too big mbulk count string");
+                        }
+                        return Parsed::Wait;
+                    };
+                    let Some(&lf) = self.buf.get(cr + 1) else {
+                        return Parsed::Wait;
+                    };
+                    if lf != b'\n' {
+                        return error("expected '\\n' after '\\r'");
+                    }
+                    let count = string2ll(&self.buf[self.at + 1..cr]);
+                    self.advance(cr + 2);
+                    match count {
+                        Some(n) if n > MAX_MULTIBULK => return error("invalid multibulk length"),
+                        None => return error("invalid multibulk length"),
+                        Some(n) if unauth && n > UNAUTH_MAX_MULTIBULK => {
+                            return error("unauthenticated multibulk length");
+                        }
+                        // `*0` and `*-1` are empty requests: skipped without a reply.
+                        Some(n) if n <= 0 => self.start = self.at,
+                        Some(n) => self.want = Some(n as usize),
+                    }
+                }
+                Some(0) => return Parsed::Command,
+                Some(left) => {
+                    let Some(cr) = self.find(b'\r') else {
+                        if self.buf.len() - self.at > MAX_INLINE {
+                            return error("too big bulk count string");
+                        }
+                        return Parsed::Wait;
+                    };
+                    let Some(&lf) = self.buf.get(cr + 1) else {
+                        return Parsed::Wait;
+                    };
+                    if self.buf[self.at] != b'$' {
+                        return error(&format!(
+                            "expected '$', got '{}'",
+                            char::from(self.buf[self.at])
+                        ));
+                    }
+                    if lf != b'\n' {
+                        return error("expected '\\n' after '\\r'");
+                    }
+                    let len = match string2ll(&self.buf[self.at + 1..cr]) {
+                        Some(n) if (0..=MAX_QUERY as i64).contains(&n) => n,
+                        _ => return error("invalid bulk length"),
+                    };
+                    if unauth && len > UNAUTH_MAX_BULK {
+                        return error("unauthenticated bulk length");
+                    }
+                    let body = cr + 2;
+                    let end = body + len as usize;
+                    if self.buf.len() < end + 2 {
+                        // The header is read again once the body is in: it is short.
+                        self.scan = self.at;
+                        return Parsed::Wait;
+                    }
+                    if &self.buf[end..end + 2] != b"\r\n" {
+                        return error("expected '\\r\\n' after a bulk");
+                    }
+                    self.args.push(body..end);
+                    self.advance(end + 2);
+                    self.want = Some(left - 1);
+                }
+            }
+        }
+    }
+
+    /// One inline request: `None` for an empty line (consumed).
+    fn parse_inline(&mut self) -> Option<Parsed> {
+        let Some(lf) = self.find(b'\n') else {
+            if self.buf.len() - self.at > MAX_INLINE {
+                return Some(error("too big inline request"));
+            }
+            return Some(Parsed::Wait);
+        };
+        let mut i = self.at;
+        while i < lf {
+            if self.buf[i].is_ascii_whitespace() {
+                i += 1;
+                continue;
+            }
+            let from = i;
+            while i < lf && !self.buf[i].is_ascii_whitespace() {
+                i += 1;
+            }
+            self.args.push(from..i);
+        }
+        self.advance(lf + 1);
+        if self.args.is_empty() {
+            self.start = self.at;
+            return None;
+        }
+        self.want = Some(0);
+        Some(Parsed::Command)
+    }
+
+    /// Forgets the command just run; the next one starts here.
+    fn next_command(&mut self) {
+        self.start = self.at;
+        self.want = None;
+        self.args.clear();
+    }
+
+    /// Drops consumed input, keeping the command being parsed.
+    fn compact(&mut self) {
+        let s = self.start;
+        if s == 0 {
+            return;
+        }
+        self.buf.drain(..s);
+        self.start = 0;
+        self.at -= s;
+        self.scan -= s;
+        for r in &mut self.args {
+            *r = r.start - s..r.end - s;
+        }
+    }
+}
+
+fn error(msg: &str) -> Parsed {
+    Parsed::Error(format!("ERR Protocol error: {msg}"))
+}
+
+/// Redis's `string2ll`: an optional `-`, then digits without leading zeros (or just `0`),
+/// within `i64`.
+pub fn string2ll(s: &[u8]) -> Option<i64> {
+    if s.is_empty() || s.len() > 20 {
+        return None;
+    }
+    if s == b"0" {
+        return Some(0);
+    }
+    let (negative, digits) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, s),
+    };
+    if !matches!(digits.first(), Some(b'1'..=b'9')) {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+    }
+    if negative {
+        if v > i64::MAX as u64 + 1 {
+            return None;
+        }
+        Some(0i64.wrapping_sub(v as i64))
+    } else {
+        i64::try_from(v).ok()
+    }
+}
+
+/// The two scripts the node can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Script {
+    Release,
+    Extend,
+}
+
+impl Script {
+    fn by_text(text: &[u8]) -> Option<Script> {
+        if text == RELEASE {
+            Some(Script::Release)
+        } else if text == EXTEND {
+            Some(Script::Extend)
+        } else {
+            None
+        }
+    }
+
+    fn by_sha(sha: &[u8]) -> Option<Script> {
+        // Redis lowercases the digest before looking it up.
+        if sha.eq_ignore_ascii_case(RELEASE_SHA) {
+            Some(Script::Release)
+        } else if sha.eq_ignore_ascii_case(EXTEND_SHA) {
+            Some(Script::Extend)
+        } else {
+            None
+        }
+    }
+
+    fn sha(self) -> &'static [u8; 40] {
+        match self {
+            Script::Release => RELEASE_SHA,
+            Script::Extend => EXTEND_SHA,
+        }
+    }
+}
+
+/// The commands the node knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cmd {
+    Ping,
+    Auth,
+    Select,
+    Set,
+    Get,
+    Del,
+    Pexpire,
+    Pttl,
+    Eval,
+    EvalSha,
+    Script,
+    Quit,
+}
+
+impl Cmd {
+    /// The command, its name as Redis prints it, and its arity (negative: at least).
+    fn lookup(name: &[u8]) -> Option<(Cmd, &'static str, i64)> {
+        const TABLE: [(Cmd, &str, i64); 12] = [
+            (Cmd::Ping, "ping", -1),
+            (Cmd::Auth, "auth", -2),
+            (Cmd::Select, "select", 2),
+            (Cmd::Set, "set", -3),
+            (Cmd::Get, "get", 2),
+            (Cmd::Del, "del", -2),
+            (Cmd::Pexpire, "pexpire", -3),
+            (Cmd::Pttl, "pttl", 2),
+            (Cmd::Eval, "eval", -3),
+            (Cmd::EvalSha, "evalsha", -3),
+            (Cmd::Script, "script", -2),
+            (Cmd::Quit, "quit", -1),
+        ];
+        TABLE
+            .iter()
+            .find(|(_, n, _)| name.eq_ignore_ascii_case(n.as_bytes()))
+            .copied()
+    }
+}
+
+fn arity_ok(arity: i64, argc: usize) -> bool {
+    let argc = argc as i64;
+    if arity >= 0 {
+        argc == arity
+    } else {
+        argc >= -arity
+    }
+}
+
+/// Reply writers.
+fn simple(out: &mut Vec<u8>, s: &[u8]) {
+    out.push(b'+');
+    out.extend_from_slice(s);
+    out.extend_from_slice(b"\r\n");
+}
+
+fn int(out: &mut Vec<u8>, n: i64) {
+    out.extend_from_slice(format!(":{n}\r\n").as_bytes());
+}
+
+fn bulk(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(format!("${}\r\n", b.len()).as_bytes());
+    out.extend_from_slice(b);
+    out.extend_from_slice(b"\r\n");
+}
+
+fn nil(out: &mut Vec<u8>) {
+    out.extend_from_slice(b"$-1\r\n");
+}
+
+/// An error reply; as Redis does, any CR or LF in it becomes a space.
+fn err(out: &mut Vec<u8>, msg: &[u8]) {
+    out.push(b'-');
+    out.extend(
+        msg.iter()
+            .map(|&b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+    );
+    out.extend_from_slice(b"\r\n");
+}
+
+const NOT_INTEGER: &[u8] = b"ERR value is not an integer or out of range";
+const SYNTAX: &[u8] = b"ERR syntax error";
+
+/// `%.*s` of C: at most `max` bytes, stopping at a NUL.
+fn c_str(b: &[u8], max: usize) -> &[u8] {
+    let b = &b[..b.len().min(max)];
+    match b.iter().position(|&c| c == 0) {
+        Some(nul) => &b[..nul],
+        None => b,
+    }
+}
+
+/// A simulated Redis 7 master.
+#[derive(Debug)]
+pub struct SimNode {
+    seed: u64,
+    rng: fastrand::Rng,
+    run_id: [u8; 40],
+    next_conn: u64,
+    conns: BTreeMap<u64, Conn>,
+    dbs: Vec<BTreeMap<Vec<u8>, Entry>>,
+    release_cached: bool,
+    extend_cached: bool,
+    /// `requirepass`: the default user's password; `None`: the default user is `nopass`.
+    password: Option<Vec<u8>>,
+    /// Other ACL users, by name and password.
+    users: Vec<(Vec<u8>, Vec<u8>)>,
+    restarts: u64,
+    commands: u64,
+}
+
+impl SimNode {
+    /// An empty node without a password. `seed` makes its run id (a new one at every
+    /// restart); nothing a command answers depends on it.
+    pub fn new(seed: u64) -> SimNode {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let run_id = run_id(&mut rng);
+        SimNode {
+            seed,
+            rng,
+            run_id,
+            next_conn: 1,
+            conns: BTreeMap::new(),
+            dbs: vec![BTreeMap::new(); DATABASES],
+            release_cached: false,
+            extend_cached: false,
+            password: None,
+            users: Vec::new(),
+            restarts: 0,
+            commands: 0,
+        }
+    }
+
+    /// The seed given to [`SimNode::new`].
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Sets `requirepass` (the default user's password), or removes it. Connections
+    /// accepted from now on start unauthenticated while one is set; open ones keep their
+    /// state, as in Redis.
+    pub fn set_password(&mut self, password: Option<&[u8]>) {
+        self.password = password.map(<[u8]>::to_vec);
+    }
+
+    /// Adds an ACL user that `AUTH user pass` accepts.
+    pub fn add_user(&mut self, user: &[u8], password: &[u8]) {
+        self.users.push((user.to_vec(), password.to_vec()));
+    }
+
+    /// A new client connection.
+    pub fn accept(&mut self) -> ConnId {
+        let id = self.next_conn;
+        self.next_conn += 1;
+        self.conns.insert(id, Conn::new(self.password.is_none()));
+        ConnId(id)
+    }
+
+    /// Closes `conn` (the client hung up, or the simulation cut it). Input not yet parsed
+    /// is dropped. Closing a closed connection does nothing.
+    pub fn close(&mut self, conn: ConnId) {
+        self.conns.remove(&conn.0);
+    }
+
+    /// Whether `conn` is open.
+    pub fn is_open(&self, conn: ConnId) -> bool {
+        self.conns.contains_key(&conn.0)
+    }
+
+    /// Number of open connections.
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Bytes of input `conn` holds for a command not complete yet (0 if closed).
+    pub fn buffered(&self, conn: ConnId) -> usize {
+        self.conns.get(&conn.0).map_or(0, |c| c.buf.len() - c.start)
+    }
+
+    /// Feeds `bytes` read from `conn` at node time `now`: runs every command completed
+    /// by them, in order, and returns the replies. Input that does not complete a
+    /// command is kept for the next feed.
+    pub fn feed(&mut self, conn: ConnId, bytes: &[u8], now: SimTime) -> Fed {
+        let mut fed = Fed::default();
+        let Some(mut c) = self.conns.remove(&conn.0) else {
+            fed.closed = Some(Closed::NotOpen);
+            return fed;
+        };
+        c.buf.extend_from_slice(bytes);
+        loop {
+            let unauth = self.password.is_some() && !c.session.authed;
+            match c.parse(unauth) {
+                Parsed::Wait => break,
+                Parsed::Error(msg) => {
+                    err(&mut fed.reply, msg.as_bytes());
+                    fed.closed = Some(Closed::Protocol);
+                    return fed;
+                }
+                Parsed::Command => {
+                    let Conn {
+                        buf, args, session, ..
+                    } = &mut c;
+                    let argv: Vec<&[u8]> = args.iter().map(|r| &buf[r.clone()]).collect();
+                    let quit = self.execute(session, &argv, now, &mut fed.reply);
+                    c.next_command();
+                    if quit {
+                        fed.closed = Some(Closed::Quit);
+                        return fed;
+                    }
+                }
+            }
+        }
+        c.compact();
+        if c.buf.len() > MAX_QUERY {
+            fed.closed = Some(Closed::QueryLimit);
+            return fed;
+        }
+        self.conns.insert(conn.0, c);
+        fed
+    }
+
+    /// A restart without persistence: every key, the script cache and every connection
+    /// are lost. The password and users are configuration: they stay.
+    pub fn restart(&mut self) {
+        self.conns.clear();
+        for db in &mut self.dbs {
+            db.clear();
+        }
+        self.release_cached = false;
+        self.extend_cached = false;
+        self.restarts += 1;
+        self.run_id = run_id(&mut self.rng);
+    }
+
+    /// Number of restarts so far.
+    pub fn restarts(&self) -> u64 {
+        self.restarts
+    }
+
+    /// This run's id (changes at every restart), as `INFO` would print it.
+    pub fn run_id(&self) -> &[u8; 40] {
+        &self.run_id
+    }
+
+    /// Number of commands run so far (across restarts; protocol errors are not commands).
+    pub fn commands(&self) -> u64 {
+        self.commands
+    }
+
+    /// Whether the script with SHA1 `sha` is in the cache.
+    pub fn script_cached(&self, sha: &[u8]) -> bool {
+        match Script::by_sha(sha) {
+            Some(Script::Release) => self.release_cached,
+            Some(Script::Extend) => self.extend_cached,
+            None => false,
+        }
+    }
+
+    /// Deletes every key expired at node time `now`; returns how many.
+    pub fn expire_all(&mut self, now: SimTime) -> usize {
+        let now_ms = ms(now);
+        let mut gone = 0;
+        for db in &mut self.dbs {
+            let before = db.len();
+            db.retain(|_, e| !e.expired(now_ms));
+            gone += before - db.len();
+        }
+        gone
+    }
+
+    /// Every key alive at node time `now`, by database and key.
+    pub fn keys(&self, now: SimTime) -> Vec<KeyView> {
+        let now_ms = ms(now);
+        let mut out = Vec::new();
+        for (db, keys) in self.dbs.iter().enumerate() {
+            for (key, e) in keys {
+                if e.expired(now_ms) {
+                    continue;
+                }
+                out.push(KeyView {
+                    db,
+                    key: key.clone(),
+                    value: e.value.clone(),
+                    pttl_ms: e.expires_ms.map(|when| (when - now_ms).max(0) as u64),
+                });
+            }
+        }
+        out
+    }
+
+    /// The value of `key` in database `db` at node time `now`, if it is alive.
+    pub fn value(&self, db: usize, key: &[u8], now: SimTime) -> Option<&[u8]> {
+        let e = self.dbs.get(db)?.get(key)?;
+        (!e.expired(ms(now))).then_some(e.value.as_slice())
+    }
+
+    /// The key, after deleting it if it has expired (Redis's `expireIfNeeded`).
+    fn lookup(&mut self, db: usize, key: &[u8], now_ms: i64) -> Option<&mut Entry> {
+        let keys = &mut self.dbs[db];
+        if keys.get(key).is_some_and(|e| e.expired(now_ms)) {
+            keys.remove(key);
+        }
+        keys.get_mut(key)
+    }
+
+    /// Runs one command; true if the connection must close (`QUIT`).
+    fn execute(
+        &mut self,
+        s: &mut Session,
+        argv: &[&[u8]],
+        now: SimTime,
+        out: &mut Vec<u8>,
+    ) -> bool {
+        self.commands += 1;
+        let now_ms = ms(now);
+        let Some((cmd, name, arity)) = Cmd::lookup(argv[0]) else {
+            unknown_command(out, argv);
+            return false;
+        };
+        if !arity_ok(arity, argv.len()) {
+            err(
+                out,
+                format!("ERR wrong number of arguments for '{name}' command").as_bytes(),
+            );
+            return false;
+        }
+        if !s.authed && self.password.is_some() && !matches!(cmd, Cmd::Auth | Cmd::Quit) {
+            err(out, b"NOAUTH Authentication required.");
+            return false;
+        }
+        match cmd {
+            Cmd::Ping => match argv.len() {
+                1 => simple(out, b"PONG"),
+                2 => bulk(out, argv[1]),
+                _ => err(out, b"ERR wrong number of arguments for 'ping' command"),
+            },
+            Cmd::Quit => {
+                simple(out, b"OK");
+                return true;
+            }
+            Cmd::Auth => self.auth(s, argv, out),
+            Cmd::Select => match string2ll(argv[1]) {
+                Some(n) if (0..DATABASES as i64).contains(&n) => {
+                    s.db = n as usize;
+                    simple(out, b"OK");
+                }
+                Some(n) if i32::try_from(n).is_ok() => err(out, b"ERR DB index is out of range"),
+                Some(_) => err(
+                    out,
+                    b"ERR value is out of range, value must between -2147483648 and 2147483647",
+                ),
+                None => err(out, NOT_INTEGER),
+            },
+            Cmd::Set => self.set(s.db, argv, now_ms, out),
+            Cmd::Get => match self.lookup(s.db, argv[1], now_ms) {
+                Some(e) => bulk(out, &e.value),
+                None => nil(out),
+            },
+            Cmd::Del => {
+                let mut n = 0;
+                for key in &argv[1..] {
+                    if self.lookup(s.db, key, now_ms).is_some() {
+                        self.dbs[s.db].remove(*key);
+                        n += 1;
+                    }
+                }
+                int(out, n);
+            }
+            Cmd::Pexpire => {
+                if let Err(e) = self.pexpire(s.db, argv[1], argv[2], &argv[3..], now_ms, out) {
+                    err(out, &e);
+                }
+            }
+            Cmd::Pttl => match self.lookup(s.db, argv[1], now_ms) {
+                None => int(out, -2),
+                Some(Entry {
+                    expires_ms: None, ..
+                }) => int(out, -1),
+                Some(Entry {
+                    expires_ms: Some(when),
+                    ..
+                }) => int(out, (*when - now_ms).max(0)),
+            },
+            Cmd::Eval | Cmd::EvalSha => self.eval(s.db, cmd == Cmd::EvalSha, argv, now_ms, out),
+            Cmd::Script => self.script(argv, out),
+        }
+        false
+    }
+
+    fn auth(&mut self, s: &mut Session, argv: &[&[u8]], out: &mut Vec<u8>) {
+        let (user, pass): (&[u8], &[u8]) = match argv.len() {
+            2 => (b"default", argv[1]),
+            3 => (argv[1], argv[2]),
+            _ => return err(out, SYNTAX),
+        };
+        if argv.len() == 2 && self.password.is_none() {
+            return err(
+                out,
+                b"ERR AUTH <password> called without any password configured for the \
+                  default user. Are you sure your configuration is correct?",
+            );
+        }
+        let ok = if user == b"default" {
+            self.password.as_deref().is_none_or(|p| p == pass)
+        } else {
+            self.users.iter().any(|(u, p)| u == user && p == pass)
+        };
+        if ok {
+            s.authed = true;
+            simple(out, b"OK");
+        } else {
+            err(
+                out,
+                b"WRONGPASS invalid username-password pair or user is disabled.",
+            );
+        }
+    }
+
+    fn set(&mut self, db: usize, argv: &[&[u8]], now_ms: i64, out: &mut Vec<u8>) {
+        let (key, value) = (argv[1], argv[2]);
+        let (mut nx, mut xx, mut keepttl) = (false, false, false);
+        // The expiry argument and its unit in ms.
+        let mut expire: Option<(&[u8], i64)> = None;
+        let mut i = 3;
+        while i < argv.len() {
+            let opt = argv[i];
+            let next = argv.get(i + 1);
+            if opt.eq_ignore_ascii_case(b"NX") && !xx {
+                nx = true;
+            } else if opt.eq_ignore_ascii_case(b"XX") && !nx {
+                xx = true;
+            } else if opt.eq_ignore_ascii_case(b"KEEPTTL") && expire.is_none() {
+                keepttl = true;
+            } else if (opt.eq_ignore_ascii_case(b"PX") || opt.eq_ignore_ascii_case(b"EX"))
+                && !keepttl
+                && expire.is_none()
+                && next.is_some()
+            {
+                let unit = if opt.eq_ignore_ascii_case(b"EX") {
+                    1000
+                } else {
+                    1
+                };
+                expire = next.map(|n| (*n, unit));
+                i += 1;
+            } else {
+                return err(out, SYNTAX);
+            }
+            i += 1;
+        }
+        let when = match expire {
+            None => None,
+            Some((raw, unit)) => {
+                let Some(n) = string2ll(raw) else {
+                    return err(out, NOT_INTEGER);
+                };
+                match n
+                    .checked_mul(unit)
+                    .filter(|&ms| n > 0 && ms > 0)
+                    .and_then(|ms| ms.checked_add(now_ms))
+                {
+                    Some(when) => Some(when),
+                    None => return err(out, b"ERR invalid expire time in 'set' command"),
+                }
+            }
+        };
+        let old = self.lookup(db, key, now_ms).map(|e| e.expires_ms);
+        if (nx && old.is_some()) || (xx && old.is_none()) {
+            return nil(out);
+        }
+        let expires_ms = if keepttl { old.flatten() } else { when };
+        self.dbs[db].insert(
+            key.to_vec(),
+            Entry {
+                value: value.to_vec(),
+                expires_ms,
+            },
+        );
+        simple(out, b"OK");
+    }
+
+    /// `PEXPIRE key ms [NX|XX|GT|LT]`: `:0` for a missing key or an unmet condition, `:1`
+    /// otherwise (deleting the key if the new expiry is not in the future). `Err`: the
+    /// error text.
+    fn pexpire(
+        &mut self,
+        db: usize,
+        key: &[u8],
+        raw: &[u8],
+        options: &[&[u8]],
+        now_ms: i64,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Vec<u8>> {
+        let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
+        for opt in options {
+            let flag = match opt.to_ascii_uppercase().as_slice() {
+                b"NX" => &mut nx,
+                b"XX" => &mut xx,
+                b"GT" => &mut gt,
+                b"LT" => &mut lt,
+                _ => return Err([&b"ERR Unsupported option "[..], c_str(opt, usize::MAX)].concat()),
+            };
+            *flag = true;
+        }
+        if nx && (xx || gt || lt) {
+            return Err(
+                b"ERR NX and XX, GT or LT options at the same time are not compatible".to_vec(),
+            );
+        }
+        if gt && lt {
+            return Err(b"ERR GT and LT options at the same time are not compatible".to_vec());
+        }
+        let n = string2ll(raw).ok_or_else(|| NOT_INTEGER.to_vec())?;
+        let when = n
+            .checked_add(now_ms)
+            .ok_or_else(|| b"ERR invalid expire time in 'pexpire' command".to_vec())?;
+        let refused = |current: Option<i64>| match current {
+            // No expiry counts as an infinite one.
+            None => xx || gt,
+            Some(cur) => nx || (gt && when <= cur) || (lt && when >= cur),
+        };
+        match self.lookup(db, key, now_ms) {
+            None => int(out, 0),
+            Some(e) if refused(e.expires_ms) => int(out, 0),
+            Some(_) if when <= now_ms => {
+                self.dbs[db].remove(key);
+                int(out, 1);
+            }
+            Some(e) => {
+                e.expires_ms = Some(when);
+                int(out, 1);
+            }
+        }
+        Ok(())
+    }
+
+    fn eval(&mut self, db: usize, by_sha: bool, argv: &[&[u8]], now_ms: i64, out: &mut Vec<u8>) {
+        let Some(numkeys) = string2ll(argv[2]) else {
+            return err(out, NOT_INTEGER);
+        };
+        if numkeys > argv.len() as i64 - 3 {
+            return err(
+                out,
+                b"ERR Number of keys can't be greater than number of args",
+            );
+        }
+        if numkeys < 0 {
+            return err(out, b"ERR Number of keys can't be negative");
+        }
+        let script = if by_sha {
+            match Script::by_sha(argv[1]).filter(|s| self.script_cached(s.sha())) {
+                Some(s) => s,
+                None => return err(out, b"NOSCRIPT No matching script. Please use EVAL."),
+            }
+        } else {
+            match Script::by_text(argv[1]) {
+                Some(s) => {
+                    self.cache(s);
+                    s
+                }
+                None => {
+                    return err(
+                        out,
+                        b"ERR sim: only the release and extend scripts are modelled",
+                    );
+                }
+            }
+        };
+        let (keys, args) = argv[3..].split_at(numkeys as usize);
+        // Any error a `redis.call` raises, as Redis 7 reports it from a script.
+        let script_err = |out: &mut Vec<u8>, msg: &str| {
+            let sha = String::from_utf8_lossy(script.sha());
+            err(
+                out,
+                format!("{msg} script: {sha}, on @user_script:1.").as_bytes(),
+            );
+        };
+        // `redis.call("get",KEYS[1]) == ARGV[1]`.
+        let Some(&key) = keys.first() else {
+            return script_err(
+                out,
+                "ERR Lua redis lib command arguments must be strings or integers",
+            );
+        };
+        let matches = match (self.lookup(db, key, now_ms), args.first()) {
+            (Some(e), Some(token)) => e.value == *token,
+            _ => false,
+        };
+        if !matches {
+            return int(out, 0);
+        }
+        match script {
+            Script::Release => {
+                self.dbs[db].remove(key);
+                int(out, 1);
+            }
+            Script::Extend => {
+                let Some(ttl) = args.get(1) else {
+                    return script_err(
+                        out,
+                        "ERR Lua redis lib command arguments must be strings or integers",
+                    );
+                };
+                let mut reply = Vec::new();
+                match self.pexpire(db, key, ttl, &[], now_ms, &mut reply) {
+                    Ok(()) => out.extend_from_slice(&reply),
+                    Err(e) => script_err(out, &String::from_utf8_lossy(&e)),
+                }
+            }
+        }
+    }
+
+    fn cache(&mut self, script: Script) {
+        match script {
+            Script::Release => self.release_cached = true,
+            Script::Extend => self.extend_cached = true,
+        }
+    }
+
+    fn script(&mut self, argv: &[&[u8]], out: &mut Vec<u8>) {
+        let sub = argv[1];
+        if sub.eq_ignore_ascii_case(b"FLUSH") {
+            match argv.get(2) {
+                _ if argv.len() > 3 => err(
+                    out,
+                    b"ERR wrong number of arguments for 'script|flush' command",
+                ),
+                Some(mode)
+                    if !mode.eq_ignore_ascii_case(b"SYNC")
+                        && !mode.eq_ignore_ascii_case(b"ASYNC") =>
+                {
+                    err(out, b"ERR SCRIPT FLUSH only support SYNC|ASYNC option")
+                }
+                _ => {
+                    self.release_cached = false;
+                    self.extend_cached = false;
+                    simple(out, b"OK");
+                }
+            }
+        } else if sub.eq_ignore_ascii_case(b"LOAD") {
+            if argv.len() != 3 {
+                return err(
+                    out,
+                    b"ERR wrong number of arguments for 'script|load' command",
+                );
+            }
+            match Script::by_text(argv[2]) {
+                Some(s) => {
+                    self.cache(s);
+                    bulk(out, s.sha());
+                }
+                None => err(
+                    out,
+                    b"ERR sim: only the release and extend scripts are modelled",
+                ),
+            }
+        } else if sub.eq_ignore_ascii_case(b"EXISTS") {
+            if argv.len() < 3 {
+                return err(
+                    out,
+                    b"ERR wrong number of arguments for 'script|exists' command",
+                );
+            }
+            out.extend_from_slice(format!("*{}\r\n", argv.len() - 2).as_bytes());
+            for sha in &argv[2..] {
+                int(out, i64::from(self.script_cached(sha)));
+            }
+        } else {
+            let mut msg = b"ERR unknown subcommand '".to_vec();
+            msg.extend_from_slice(c_str(sub, 128));
+            msg.extend_from_slice(b"'. Try SCRIPT HELP.");
+            err(out, &msg);
+        }
+    }
+}
+
+/// Redis 7's answer to an unknown command: its name and its first arguments, quoted.
+fn unknown_command(out: &mut Vec<u8>, argv: &[&[u8]]) {
+    let mut args = Vec::new();
+    for a in &argv[1..] {
+        if args.len() >= 128 {
+            break;
+        }
+        args.push(b'\'');
+        args.extend_from_slice(c_str(a, 128 - args.len() + 1));
+        args.extend_from_slice(b"' ");
+    }
+    let mut msg = b"ERR unknown command '".to_vec();
+    msg.extend_from_slice(c_str(argv[0], 128));
+    msg.extend_from_slice(b"', with args beginning with: ");
+    msg.extend_from_slice(&args);
+    err(out, &msg);
+}
+
+/// Node time in whole milliseconds, as Redis reads it.
+fn ms(now: SimTime) -> i64 {
+    (now / NS_PER_MS) as i64
+}
+
+fn run_id(rng: &mut fastrand::Rng) -> [u8; 40] {
+    std::array::from_fn(|_| b"0123456789abcdef"[rng.usize(..16)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quorumlock::__private::core::command::{acquire, extend, release};
+    use quorumlock::__private::core::token::Token;
+
+    const MS: SimTime = NS_PER_MS;
+    const NOSCRIPT: &[u8] = b"-NOSCRIPT No matching script. Please use EVAL.\r\n";
+
+    /// One command as the client encodes it: a multibulk of bulks.
+    fn req(args: &[&[u8]]) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            bulk(&mut out, a);
+        }
+        out
+    }
+
+    /// Runs one command on an open connection; returns its reply.
+    fn run(node: &mut SimNode, conn: ConnId, args: &[&[u8]], now: SimTime) -> Vec<u8> {
+        let fed = node.feed(conn, &req(args), now);
+        assert_eq!(
+            fed.closed,
+            None,
+            "{:?}",
+            String::from_utf8_lossy(&fed.reply)
+        );
+        fed.reply
+    }
+
+    fn text(b: &[u8]) -> String {
+        String::from_utf8_lossy(b).into_owned()
+    }
+
+    /// Length of the one well-formed RESP2 reply at the head of `b`, if there is one.
+    fn resp_value(b: &[u8]) -> Option<usize> {
+        let cr = b.iter().position(|&c| c == b'\r')?;
+        if b.get(cr + 1) != Some(&b'\n') || b[..cr].contains(&b'\n') {
+            return None;
+        }
+        let line = &b[1..cr];
+        let after = cr + 2;
+        match b[0] {
+            b'+' | b'-' => Some(after),
+            b':' => string2ll(line).map(|_| after),
+            b'$' => match string2ll(line)? {
+                -1 => Some(after),
+                n if n >= 0 => {
+                    let end = after + n as usize;
+                    (b.get(end..end + 2)? == b"\r\n").then_some(end + 2)
+                }
+                _ => None,
+            },
+            b'*' => {
+                let n = string2ll(line)?;
+                let mut at = after;
+                for _ in 0..n.max(0) {
+                    at += resp_value(&b[at..])?;
+                }
+                Some(at)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `b` is a sequence of complete, well-formed RESP2 replies.
+    fn well_formed(mut b: &[u8]) -> bool {
+        while !b.is_empty() {
+            match resp_value(b) {
+                Some(n) => b = &b[n..],
+                None => return false,
+            }
+        }
+        true
+    }
+
+    #[test]
+    fn string2ll_is_redis_strict() {
+        assert_eq!(string2ll(b"0"), Some(0));
+        assert_eq!(string2ll(b"10000"), Some(10000));
+        assert_eq!(string2ll(b"-1"), Some(-1));
+        assert_eq!(string2ll(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(string2ll(b"-9223372036854775808"), Some(i64::MIN));
+        for bad in [
+            &b""[..],
+            b"-",
+            b"-0",
+            b"01",
+            b"+1",
+            b" 1",
+            b"1 ",
+            b"1.5",
+            b"9223372036854775808",
+            b"-9223372036854775809",
+            b"99999999999999999999",
+            b"000000000000000000001",
+        ] {
+            assert_eq!(string2ll(bad), None, "{}", text(bad));
+        }
+    }
+
+    #[test]
+    fn ping_quit_and_unknown_commands() {
+        let mut n = SimNode::new(1);
+        let c = n.accept();
+        assert_eq!(run(&mut n, c, &[b"PING"], 0), b"+PONG\r\n");
+        assert_eq!(run(&mut n, c, &[b"ping", b"hi"], 0), b"$2\r\nhi\r\n");
+        assert_eq!(
+            run(&mut n, c, &[b"PING", b"a", b"b"], 0),
+            b"-ERR wrong number of arguments for 'ping' command\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"FOO", b"a", b"b"], 0),
+            b"-ERR unknown command 'FOO', with args beginning with: 'a' 'b' \r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"HELLO"], 0),
+            b"-ERR unknown command 'HELLO', with args beginning with: \r\n"
+        );
+        // CR and LF never reach the reply; names and arguments are cut at 128 bytes or NUL.
+        let long = [b'x'; 300];
+        let reply = run(&mut n, c, &[b"a\r\nb", &long, b"c\0d"], 0);
+        assert!(well_formed(&reply), "{}", text(&reply));
+        let want = format!(
+            "-ERR unknown command 'a  b', with args beginning with: '{}' \r\n",
+            "x".repeat(128)
+        );
+        assert_eq!(
+            text(&reply),
+            want,
+            "the first 128 bytes of arguments, no more"
+        );
+        let reply = run(&mut n, c, &[b"x\0y", b"c\0d"], 0);
+        assert_eq!(
+            reply,
+            b"-ERR unknown command 'x', with args beginning with: 'c' \r\n"
+        );
+        assert_eq!(n.commands(), 7);
+        let fed = n.feed(c, &req(&[b"QUIT"]), 0);
+        assert_eq!(fed.reply, b"+OK\r\n");
+        assert_eq!(fed.closed, Some(Closed::Quit));
+        assert!(!n.is_open(c));
+        assert_eq!(n.feed(c, &req(&[b"PING"]), 0).closed, Some(Closed::NotOpen));
+    }
+
+    #[test]
+    fn set_nx_twice_keeps_the_first_holder() {
+        let mut n = SimNode::new(2);
+        let c = n.accept();
+        let t = 7 * MS;
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"k", b"a", b"NX", b"PX", b"1000"], t),
+            b"+OK\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"k", b"b", b"NX", b"PX", b"1000"], t),
+            b"$-1\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"set", b"k", b"b", b"px", b"9", b"nx"], t),
+            b"$-1\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"GET", b"k"], t + MS), b"$1\r\na\r\n");
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], t + MS), b":999\r\n");
+        assert_eq!(
+            n.keys(t + MS),
+            vec![KeyView {
+                db: 0,
+                key: b"k".to_vec(),
+                value: b"a".to_vec(),
+                pttl_ms: Some(999)
+            }]
+        );
+        // Another connection sees the same keyspace.
+        let d = n.accept();
+        assert_eq!(
+            run(&mut n, d, &[b"SET", b"k", b"c", b"NX", b"PX", b"5"], t),
+            b"$-1\r\n"
+        );
+        // Plain SET and XX overwrite, and drop the ttl unless KEEPTTL.
+        assert_eq!(
+            run(&mut n, d, &[b"SET", b"k", b"c", b"XX", b"KEEPTTL"], t),
+            b"+OK\r\n"
+        );
+        assert_eq!(run(&mut n, d, &[b"PTTL", b"k"], t), b":1000\r\n");
+        assert_eq!(run(&mut n, d, &[b"SET", b"k", b"d"], t), b"+OK\r\n");
+        assert_eq!(run(&mut n, d, &[b"PTTL", b"k"], t), b":-1\r\n");
+        assert_eq!(n.keys(t)[0].pttl_ms, None);
+        assert_eq!(run(&mut n, d, &[b"SET", b"m", b"d", b"XX"], t), b"$-1\r\n");
+        assert_eq!(run(&mut n, d, &[b"PTTL", b"m"], t), b":-2\r\n");
+        assert_eq!(
+            run(&mut n, d, &[b"SET", b"e", b"1", b"EX", b"2"], t),
+            b"+OK\r\n"
+        );
+        assert_eq!(run(&mut n, d, &[b"PTTL", b"e"], t), b":2000\r\n");
+        assert_eq!(run(&mut n, d, &[b"DEL", b"k", b"e", b"m"], t), b":2\r\n");
+        assert_eq!(run(&mut n, d, &[b"DEL", b"k"], t), b":0\r\n");
+        assert_eq!(n.keys(t), vec![]);
+    }
+
+    #[test]
+    fn px_expires_exactly_at_the_boundary_in_whole_node_milliseconds() {
+        let mut n = SimNode::new(3);
+        let c = n.accept();
+        // Set at 10.3 ms on the node clock: Redis reads 10 ms, so the expiry is 110 ms.
+        let t = 10 * MS + 300_000;
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"k", b"v", b"NX", b"PX", b"100"], t),
+            b"+OK\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], t), b":100\r\n");
+        // Still there for all of 110 ms (even past t + 100 ms), with PTTL 0 ...
+        let last = 111 * MS - 1;
+        assert_eq!(n.value(0, b"k", last), Some(&b"v"[..]));
+        assert_eq!(n.keys(last)[0].pttl_ms, Some(0));
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 110 * MS), b":0\r\n");
+        assert_eq!(run(&mut n, c, &[b"GET", b"k"], last), b"$1\r\nv\r\n");
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"k", b"w", b"NX", b"PX", b"100"], last),
+            b"$-1\r\n"
+        );
+        // ... and gone from 111 ms: for reads, for NX and for the invariant view.
+        let gone = 111 * MS;
+        assert_eq!(n.keys(gone), vec![]);
+        assert_eq!(n.value(0, b"k", gone), None);
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], gone), b":-2\r\n");
+        assert_eq!(run(&mut n, c, &[b"GET", b"k"], gone), b"$-1\r\n");
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"k", b"w", b"NX", b"PX", b"100"], gone),
+            b"+OK\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"GET", b"k"], gone), b"$1\r\nw\r\n");
+
+        // Lazy expiry keeps the dead key in memory until something looks or expire_all.
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"a", b"1", b"PX", b"1"], 0),
+            b"+OK\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"b", b"1", b"PX", b"500"], 0),
+            b"+OK\r\n"
+        );
+        assert_eq!(n.expire_all(MS), 0);
+        assert_eq!(n.expire_all(2 * MS), 1);
+        assert_eq!(n.value(0, b"a", 0), None, "expire_all deleted it");
+        assert_eq!(n.value(0, b"b", 0), Some(&b"1"[..]));
+        // The node's clock is only what it is given: back in time, the key lives again.
+        assert_eq!(run(&mut n, c, &[b"GET", b"k"], 0), b"$1\r\nw\r\n");
+    }
+
+    #[test]
+    fn set_and_pexpire_argument_errors() {
+        let mut n = SimNode::new(4);
+        let c = n.accept();
+        let cases: [(&[&[u8]], &[u8]); 12] = [
+            (
+                &[b"SET", b"k", b"v", b"PX", b"0"],
+                b"-ERR invalid expire time in 'set' command\r\n",
+            ),
+            (
+                &[b"SET", b"k", b"v", b"PX", b"-5"],
+                b"-ERR invalid expire time in 'set' command\r\n",
+            ),
+            (
+                &[b"SET", b"k", b"v", b"EX", b"9223372036854776"],
+                b"-ERR invalid expire time in 'set' command\r\n",
+            ),
+            (
+                &[b"SET", b"k", b"v", b"PX", b"9223372036854775807"],
+                b"-ERR invalid expire time in 'set' command\r\n",
+            ),
+            (
+                &[b"SET", b"k", b"v", b"PX", b"1.5"],
+                b"-ERR value is not an integer or out of range\r\n",
+            ),
+            (
+                &[b"SET", b"k", b"v", b"NX", b"XX"],
+                b"-ERR syntax error\r\n",
+            ),
+            (&[b"SET", b"k", b"v", b"PX"], b"-ERR syntax error\r\n"),
+            (
+                &[b"SET", b"k", b"v", b"PX", b"5", b"EX", b"5"],
+                b"-ERR syntax error\r\n",
+            ),
+            (&[b"SET", b"k", b"v", b"GET"], b"-ERR syntax error\r\n"),
+            (
+                &[b"SET", b"k"],
+                b"-ERR wrong number of arguments for 'set' command\r\n",
+            ),
+            (
+                &[b"PEXPIRE", b"k", b"x"],
+                b"-ERR value is not an integer or out of range\r\n",
+            ),
+            (
+                &[b"PEXPIRE", b"k", b"5", b"BAD"],
+                b"-ERR Unsupported option BAD\r\n",
+            ),
+        ];
+        for (args, want) in cases {
+            assert_eq!(run(&mut n, c, args, 5 * MS), want, "{args:?}");
+        }
+        assert_eq!(n.keys(0), vec![], "no failed SET wrote anything");
+        assert_eq!(
+            run(&mut n, c, &[b"GET"], 0),
+            b"-ERR wrong number of arguments for 'get' command\r\n"
+        );
+    }
+
+    #[test]
+    fn pexpire_and_pttl() {
+        let mut n = SimNode::new(5);
+        let c = n.accept();
+        assert_eq!(run(&mut n, c, &[b"PEXPIRE", b"k", b"100"], 0), b":0\r\n");
+        run(&mut n, c, &[b"SET", b"k", b"v"], 0);
+        assert_eq!(
+            run(&mut n, c, &[b"PEXPIRE", b"k", b"100"], 3 * MS),
+            b":1\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 3 * MS), b":100\r\n");
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 50 * MS), b":53\r\n");
+        // An expiry not in the future deletes the key, and still answers 1.
+        assert_eq!(
+            run(&mut n, c, &[b"PEXPIRE", b"k", b"0"], 50 * MS),
+            b":1\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"GET", b"k"], 50 * MS), b"$-1\r\n");
+        run(&mut n, c, &[b"SET", b"k", b"v"], 0);
+        assert_eq!(run(&mut n, c, &[b"PEXPIRE", b"k", b"-7"], 0), b":1\r\n");
+        assert_eq!(n.keys(0), vec![]);
+    }
+
+    #[test]
+    fn pexpire_options_as_redis_7() {
+        let mut n = SimNode::new(17);
+        let c = n.accept();
+        run(&mut n, c, &[b"SET", b"k", b"v"], 0);
+        let px = |ms: &'static [u8], opts: &[&'static [u8]]| {
+            let mut v: Vec<&[u8]> = vec![b"PEXPIRE", b"k", ms];
+            v.extend_from_slice(opts);
+            v
+        };
+        // No expiry counts as infinite: XX and GT refuse, LT and NX accept.
+        assert_eq!(run(&mut n, c, &px(b"100", &[b"XX"]), 0), b":0\r\n");
+        assert_eq!(run(&mut n, c, &px(b"100", &[b"GT"]), 0), b":0\r\n");
+        assert_eq!(run(&mut n, c, &px(b"100", &[b"lt"]), 0), b":1\r\n");
+        assert_eq!(run(&mut n, c, &px(b"200", &[b"NX"]), 0), b":0\r\n");
+        assert_eq!(
+            run(&mut n, c, &px(b"100", &[b"LT"]), 0),
+            b":0\r\n",
+            "not less"
+        );
+        assert_eq!(
+            run(&mut n, c, &px(b"100", &[b"GT"]), 0),
+            b":0\r\n",
+            "not greater"
+        );
+        assert_eq!(run(&mut n, c, &px(b"200", &[b"GT", b"XX"]), 0), b":1\r\n");
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 0), b":200\r\n");
+        assert_eq!(
+            run(&mut n, c, &px(b"1", &[b"NX", b"GT"]), 0),
+            b"-ERR NX and XX, GT or LT options at the same time are not compatible\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &px(b"1", &[b"GT", b"LT"]), 0),
+            b"-ERR GT and LT options at the same time are not compatible\r\n"
+        );
+        // Options are checked before the number.
+        assert_eq!(
+            run(&mut n, c, &px(b"x", &[b"NOPE"]), 0),
+            b"-ERR Unsupported option NOPE\r\n"
+        );
+        assert_eq!(run(&mut n, c, &px(b"-1", &[b"LT"]), 0), b":1\r\n");
+        assert_eq!(n.keys(0), vec![]);
+    }
+
+    /// `EVAL` of one of the two scripts.
+    fn eval<'a>(script: &'a [u8], key: &'a [u8], args: &[&'a [u8]]) -> Vec<&'a [u8]> {
+        let mut v: Vec<&[u8]> = vec![b"EVAL", script, b"1", key];
+        v.extend_from_slice(args);
+        v
+    }
+
+    fn evalsha<'a>(sha: &'a [u8], key: &'a [u8], args: &[&'a [u8]]) -> Vec<&'a [u8]> {
+        let mut v: Vec<&[u8]> = vec![b"EVALSHA", sha, b"1", key];
+        v.extend_from_slice(args);
+        v
+    }
+
+    #[test]
+    fn release_deletes_only_with_the_right_token() {
+        let mut n = SimNode::new(6);
+        let c = n.accept();
+        run(&mut n, c, &[b"SET", b"k", b"tok", b"NX", b"PX", b"1000"], 0);
+        assert_eq!(
+            run(&mut n, c, &eval(RELEASE, b"k", &[b"other"]), 0),
+            b":0\r\n"
+        );
+        assert_eq!(run(&mut n, c, &eval(RELEASE, b"k", &[b"to"]), 0), b":0\r\n");
+        assert_eq!(run(&mut n, c, &eval(RELEASE, b"k", &[]), 0), b":0\r\n");
+        assert_eq!(n.value(0, b"k", 0), Some(&b"tok"[..]));
+        assert_eq!(
+            run(&mut n, c, &eval(RELEASE, b"k", &[b"tok"]), 0),
+            b":1\r\n"
+        );
+        assert_eq!(n.value(0, b"k", 0), None);
+        assert_eq!(
+            run(&mut n, c, &eval(RELEASE, b"k", &[b"tok"]), 0),
+            b":0\r\n"
+        );
+        // An expired key is not there to release.
+        run(&mut n, c, &[b"SET", b"k", b"tok", b"NX", b"PX", b"10"], 0);
+        assert_eq!(
+            run(&mut n, c, &eval(RELEASE, b"k", &[b"tok"]), 11 * MS),
+            b":0\r\n"
+        );
+        // Extra keys and arguments are ignored, as the script ignores them.
+        run(&mut n, c, &[b"SET", b"k", b"tok"], 0);
+        let args: [&[u8]; 7] = [b"EVAL", RELEASE, b"2", b"k", b"x", b"tok", b"y"];
+        assert_eq!(run(&mut n, c, &args, 0), b":1\r\n");
+    }
+
+    #[test]
+    fn extend_sets_the_ttl_only_with_the_right_token() {
+        let mut n = SimNode::new(7);
+        let c = n.accept();
+        run(&mut n, c, &[b"SET", b"k", b"tok", b"NX", b"PX", b"1000"], 0);
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"k", &[b"other", b"5000"]), 0),
+            b":0\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 0), b":1000\r\n");
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"k", &[b"tok", b"5000"]), 400 * MS),
+            b":1\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 400 * MS), b":5000\r\n");
+        assert_eq!(n.value(0, b"k", 5400 * MS), Some(&b"tok"[..]));
+        assert_eq!(n.value(0, b"k", 5401 * MS), None);
+        // Shorter is allowed: it is a new ttl, not a minimum.
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"k", &[b"tok", b"10"]), 400 * MS),
+            b":1\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 400 * MS), b":10\r\n");
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"k", &[b"tok", b"10"]), 411 * MS),
+            b":0\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"gone", &[b"tok", b"10"]), 0),
+            b":0\r\n"
+        );
+        // A bad ttl fails inside the script, only once the token matched.
+        run(&mut n, c, &[b"SET", b"k", b"tok"], 0);
+        let bad = run(&mut n, c, &eval(EXTEND, b"k", &[b"tok", b"soon"]), 0);
+        assert!(bad.starts_with(b"-ERR value is not an integer or out of range script: 36e94d1c"));
+        assert!(well_formed(&bad));
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"k", &[b"x", b"soon"]), 0),
+            b":0\r\n"
+        );
+        let missing = run(&mut n, c, &eval(EXTEND, b"k", &[b"tok"]), 0);
+        assert!(missing.starts_with(b"-ERR Lua redis lib command arguments must be strings"));
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 0), b":-1\r\n");
+        // A ttl of 0 deletes, and counts as extended (PEXPIRE's answer).
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"k", &[b"tok", b"0"]), 0),
+            b":1\r\n"
+        );
+        assert_eq!(n.keys(0), vec![]);
+    }
+
+    #[test]
+    fn eval_argument_errors() {
+        let mut n = SimNode::new(8);
+        let c = n.accept();
+        let cases: [(&[&[u8]], &[u8]); 6] = [
+            (
+                &[b"EVAL", RELEASE, b"x", b"k"],
+                b"-ERR value is not an integer or out of range\r\n",
+            ),
+            (
+                &[b"EVAL", RELEASE, b"2", b"k"],
+                b"-ERR Number of keys can't be greater than number of args\r\n",
+            ),
+            (
+                &[b"EVAL", RELEASE, b"-1", b"k"],
+                b"-ERR Number of keys can't be negative\r\n",
+            ),
+            (
+                &[b"EVALSHA", RELEASE_SHA, b"3"],
+                b"-ERR Number of keys can't be greater than number of args\r\n",
+            ),
+            (
+                &[b"EVAL", b"return 1", b"0"],
+                b"-ERR sim: only the release and extend scripts are modelled\r\n",
+            ),
+            (&[b"EVALSHA", b"abc", b"0"], NOSCRIPT),
+        ];
+        for (args, want) in cases {
+            assert_eq!(text(&run(&mut n, c, args, 0)), text(want), "{args:?}");
+        }
+        // Argument errors come before the cache: nothing was cached by them.
+        assert!(!n.script_cached(RELEASE_SHA));
+        // No key: the script's own GET fails.
+        let reply = run(&mut n, c, &[b"EVAL", RELEASE, b"0", b"tok"], 0);
+        assert!(
+            reply.starts_with(b"-ERR Lua redis lib command arguments"),
+            "{}",
+            text(&reply)
+        );
+        assert!(reply.ends_with(
+            b"script: b70c2384248f88e6b75b9f89241a180f856ad852, on @user_script:1.\r\n"
+        ));
+    }
+
+    #[test]
+    fn evalsha_needs_the_script_cached_by_eval_and_flush_and_restart_forget_it() {
+        let mut n = SimNode::new(9);
+        let c = n.accept();
+        run(&mut n, c, &[b"SET", b"k", b"tok"], 0);
+        assert_eq!(
+            run(&mut n, c, &evalsha(RELEASE_SHA, b"k", &[b"tok"]), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            run(&mut n, c, &evalsha(EXTEND_SHA, b"k", &[b"tok", b"9"]), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            n.value(0, b"k", 0),
+            Some(&b"tok"[..]),
+            "NOSCRIPT ran nothing"
+        );
+        // EVAL of the extend script caches that one only.
+        assert_eq!(
+            run(&mut n, c, &eval(EXTEND, b"k", &[b"tok", b"900"]), 0),
+            b":1\r\n"
+        );
+        assert!(n.script_cached(EXTEND_SHA) && !n.script_cached(RELEASE_SHA));
+        assert_eq!(
+            run(&mut n, c, &evalsha(RELEASE_SHA, b"k", &[b"tok"]), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            run(&mut n, c, &evalsha(EXTEND_SHA, b"k", &[b"tok", b"800"]), 0),
+            b":1\r\n"
+        );
+        assert_eq!(run(&mut n, c, &[b"PTTL", b"k"], 0), b":800\r\n");
+        // The cache is the node's, not the connection's; the digest is case-insensitive.
+        let d = n.accept();
+        let upper = EXTEND_SHA.to_ascii_uppercase();
+        assert_eq!(
+            run(&mut n, d, &evalsha(&upper, b"k", &[b"no", b"1"]), 0),
+            b":0\r\n"
+        );
+        assert_eq!(run(&mut n, d, &eval(RELEASE, b"k", &[b"no"]), 0), b":0\r\n");
+        assert_eq!(
+            run(&mut n, c, &evalsha(RELEASE_SHA, b"k", &[b"tok"]), 0),
+            b":1\r\n"
+        );
+        // SCRIPT FLUSH forgets both.
+        assert_eq!(run(&mut n, c, &[b"SCRIPT", b"FLUSH"], 0), b"+OK\r\n");
+        assert!(!n.script_cached(RELEASE_SHA) && !n.script_cached(EXTEND_SHA));
+        assert_eq!(
+            run(&mut n, c, &evalsha(RELEASE_SHA, b"k", &[b"tok"]), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            run(&mut n, c, &evalsha(EXTEND_SHA, b"k", &[b"tok", b"1"]), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"script", b"flush", b"async"], 0),
+            b"+OK\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"SCRIPT", b"FLUSH", b"NOW"], 0),
+            b"-ERR SCRIPT FLUSH only support SYNC|ASYNC option\r\n"
+        );
+        // SCRIPT LOAD and EXISTS.
+        let loaded = run(&mut n, c, &[b"SCRIPT", b"LOAD", RELEASE], 0);
+        assert_eq!(loaded, [&b"$40\r\n"[..], RELEASE_SHA, b"\r\n"].concat());
+        assert_eq!(
+            run(
+                &mut n,
+                c,
+                &[b"SCRIPT", b"EXISTS", RELEASE_SHA, EXTEND_SHA, b"x"],
+                0
+            ),
+            b"*3\r\n:1\r\n:0\r\n:0\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"SCRIPT", b"KILL"], 0),
+            b"-ERR unknown subcommand 'KILL'. Try SCRIPT HELP.\r\n"
+        );
+        // A restart forgets the cache, every key and every connection.
+        run(&mut n, c, &eval(EXTEND, b"x", &[b"t", b"1"]), 0);
+        run(&mut n, c, &[b"SET", b"k", b"tok"], 0);
+        let id = *n.run_id();
+        assert_eq!(
+            *SimNode::new(9).run_id(),
+            id,
+            "the run id comes from the seed"
+        );
+        n.restart();
+        assert_eq!(n.seed(), 9);
+        assert_eq!(n.restarts(), 1);
+        assert_ne!(*n.run_id(), id);
+        assert_eq!(n.connections(), 0);
+        assert_eq!(n.feed(c, &req(&[b"PING"]), 0).closed, Some(Closed::NotOpen));
+        assert_eq!(n.keys(0), vec![]);
+        assert!(!n.script_cached(RELEASE_SHA) && !n.script_cached(EXTEND_SHA));
+        let e = n.accept();
+        assert_ne!(e, c, "ids are never reused");
+        assert_eq!(
+            run(&mut n, e, &evalsha(RELEASE_SHA, b"k", &[b"tok"]), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            run(&mut n, e, &evalsha(EXTEND_SHA, b"x", &[b"t", b"1"]), 0),
+            NOSCRIPT
+        );
+    }
+
+    #[test]
+    fn the_clients_own_frames() {
+        let mut n = SimNode::new(10);
+        let c = n.accept();
+        let (mine, theirs) = (Token::from_bits(1), Token::from_bits(2));
+        let mut out = Vec::new();
+        let mut send = |n: &mut SimNode, f: &dyn Fn(&mut Vec<u8>), now| {
+            out.clear();
+            f(&mut out);
+            run_raw(n, c, &out, now)
+        };
+        assert_eq!(
+            send(&mut n, &|o| acquire(o, b"res", &mine, 500), 0),
+            b"+OK\r\n"
+        );
+        assert_eq!(
+            send(&mut n, &|o| acquire(o, b"res", &theirs, 500), 0),
+            b"$-1\r\n"
+        );
+        assert_eq!(n.value(0, b"res", 0), Some(&mine.as_array()[..]));
+        assert_eq!(
+            send(&mut n, &|o| release(o, b"res", &theirs, true), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            send(&mut n, &|o| release(o, b"res", &theirs, false), 0),
+            b":0\r\n"
+        );
+        assert_eq!(
+            send(&mut n, &|o| extend(o, b"res", &mine, 2000, true), 0),
+            NOSCRIPT
+        );
+        assert_eq!(
+            send(&mut n, &|o| extend(o, b"res", &mine, 2000, false), 0),
+            b":1\r\n"
+        );
+        assert_eq!(
+            send(&mut n, &|o| extend(o, b"res", &mine, 3000, true), MS),
+            b":1\r\n"
+        );
+        assert_eq!(n.keys(MS)[0].pttl_ms, Some(3000));
+        assert_eq!(
+            send(&mut n, &|o| release(o, b"res", &mine, true), 0),
+            b":1\r\n"
+        );
+        assert_eq!(n.keys(0), vec![]);
+    }
+
+    fn run_raw(node: &mut SimNode, conn: ConnId, bytes: &[u8], now: SimTime) -> Vec<u8> {
+        let fed = node.feed(conn, bytes, now);
+        assert_eq!(fed.closed, None, "{}", text(&fed.reply));
+        fed.reply
+    }
+
+    #[test]
+    fn auth_and_noauth() {
+        // No password: the default user is nopass.
+        let mut n = SimNode::new(11);
+        let c = n.accept();
+        let reply = run(&mut n, c, &[b"AUTH", b"pw"], 0);
+        assert!(reply.starts_with(b"-ERR AUTH <password> called without any password configured"));
+        assert_eq!(
+            run(&mut n, c, &[b"AUTH", b"default", b"anything"], 0),
+            b"+OK\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"AUTH", b"app", b"pw"], 0),
+            b"-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+        );
+
+        n.set_password(Some(b"pw"));
+        n.add_user(b"app", b"secret");
+        assert_eq!(
+            run(&mut n, c, &[b"PING"], 0),
+            b"+PONG\r\n",
+            "open connections stay in"
+        );
+        let d = n.accept();
+        assert_eq!(
+            run(&mut n, d, &[b"PING"], 0),
+            b"-NOAUTH Authentication required.\r\n"
+        );
+        assert_eq!(
+            run(&mut n, d, &[b"GET", b"k"], 0),
+            b"-NOAUTH Authentication required.\r\n"
+        );
+        // Unknown commands and wrong arity are reported before NOAUTH, as in Redis 7.
+        assert!(run(&mut n, d, &[b"NOPE"], 0).starts_with(b"-ERR unknown command 'NOPE'"));
+        assert_eq!(
+            run(&mut n, d, &[b"GET"], 0),
+            b"-ERR wrong number of arguments for 'get' command\r\n"
+        );
+        let wrong = b"-WRONGPASS invalid username-password pair or user is disabled.\r\n";
+        assert_eq!(run(&mut n, d, &[b"AUTH", b"nope"], 0), wrong);
+        assert_eq!(run(&mut n, d, &[b"AUTH", b"app", b"pw"], 0), wrong);
+        assert_eq!(
+            run(&mut n, d, &[b"AUTH", b"a", b"b", b"c"], 0),
+            b"-ERR syntax error\r\n"
+        );
+        assert_eq!(run(&mut n, d, &[b"AUTH", b"pw"], 0), b"+OK\r\n");
+        assert_eq!(run(&mut n, d, &[b"PING"], 0), b"+PONG\r\n");
+        assert_eq!(run(&mut n, d, &[b"AUTH", b"nope"], 0), wrong);
+        assert_eq!(
+            run(&mut n, d, &[b"PING"], 0),
+            b"+PONG\r\n",
+            "a failed AUTH keeps the login"
+        );
+        let e = n.accept();
+        assert_eq!(run(&mut n, e, &[b"AUTH", b"app", b"secret"], 0), b"+OK\r\n");
+        let f = n.accept();
+        assert_eq!(run(&mut n, f, &[b"AUTH", b"default", b"pw"], 0), b"+OK\r\n");
+        // The handshake the client pipelines: AUTH, SELECT, PING in one write.
+        let g = n.accept();
+        let hs = [
+            req(&[b"AUTH", b"app", b"secret"]),
+            req(&[b"SELECT", b"2"]),
+            req(&[b"PING"]),
+        ]
+        .concat();
+        assert_eq!(run_raw(&mut n, g, &hs, 0), b"+OK\r\n+OK\r\n+PONG\r\n");
+        // Before AUTH, Redis 7 refuses long requests outright.
+        let h = n.accept();
+        let big = vec![b'x'; 16385];
+        let fed = n.feed(h, &req(&[b"AUTH", &big]), 0);
+        assert_eq!(
+            fed.reply,
+            b"-ERR Protocol error: unauthenticated bulk length\r\n"
+        );
+        assert_eq!(fed.closed, Some(Closed::Protocol));
+        let h = n.accept();
+        let fed = n.feed(h, &req(&[&b"PING"[..]; 11]), 0);
+        assert_eq!(
+            fed.reply,
+            b"-ERR Protocol error: unauthenticated multibulk length\r\n"
+        );
+        assert_eq!(fed.closed, Some(Closed::Protocol));
+        // After AUTH, in the same write, the limits are gone.
+        let h = n.accept();
+        let both = [req(&[b"AUTH", b"pw"]), req(&[&b"NOPE"[..]; 11])].concat();
+        let reply = run_raw(&mut n, h, &both, 0);
+        assert!(
+            reply.starts_with(b"+OK\r\n-ERR unknown command 'NOPE'"),
+            "{}",
+            text(&reply)
+        );
+        // Configuration survives a restart; logins do not.
+        n.restart();
+        let i = n.accept();
+        assert_eq!(
+            run(&mut n, i, &[b"PING"], 0),
+            b"-NOAUTH Authentication required.\r\n"
+        );
+        n.set_password(None);
+        let j = n.accept();
+        assert_eq!(run(&mut n, j, &[b"PING"], 0), b"+PONG\r\n");
+    }
+
+    #[test]
+    fn select_separates_databases() {
+        let mut n = SimNode::new(12);
+        let (c, d) = (n.accept(), n.accept());
+        assert_eq!(run(&mut n, c, &[b"SELECT", b"2"], 0), b"+OK\r\n");
+        assert_eq!(
+            run(&mut n, c, &[b"SET", b"k", b"two", b"NX", b"PX", b"100"], 0),
+            b"+OK\r\n"
+        );
+        assert_eq!(run(&mut n, d, &[b"GET", b"k"], 0), b"$-1\r\n");
+        assert_eq!(
+            run(&mut n, d, &[b"SET", b"k", b"zero", b"NX", b"PX", b"100"], 0),
+            b"+OK\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &eval(RELEASE, b"k", &[b"zero"]), 0),
+            b":0\r\n"
+        );
+        assert_eq!(
+            run(&mut n, d, &evalsha(RELEASE_SHA, b"k", &[b"zero"]), 0),
+            b":1\r\n"
+        );
+        assert_eq!(n.value(2, b"k", 0), Some(&b"two"[..]));
+        assert_eq!(n.keys(0).iter().map(|k| k.db).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(
+            run(&mut n, c, &[b"SELECT", b"16"], 0),
+            b"-ERR DB index is out of range\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"SELECT", b"-1"], 0),
+            b"-ERR DB index is out of range\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"SELECT", b"4294967296"], 0),
+            &b"-ERR value is out of range, value must between -2147483648 and 2147483647\r\n"[..]
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"SELECT", b"x"], 0),
+            b"-ERR value is not an integer or out of range\r\n"
+        );
+        assert_eq!(
+            run(&mut n, c, &[b"GET", b"k"], 0),
+            b"$3\r\ntwo\r\n",
+            "still in db 2"
+        );
+    }
+
+    /// A pipeline touching every command, with the replies it must get in one piece.
+    fn pipeline() -> Vec<u8> {
+        let cmds: Vec<Vec<&[u8]>> = vec![
+            vec![b"PING"],
+            vec![b"SET", b"k", b"tok", b"NX", b"PX", b"1000"],
+            vec![b"SET", b"k", b"other", b"NX", b"PX", b"1000"],
+            vec![b"GET", b"k"],
+            evalsha(RELEASE_SHA, b"k", &[b"tok"]),
+            eval(EXTEND, b"k", &[b"tok", b"2000"]),
+            evalsha(EXTEND_SHA, b"k", &[b"bad", b"2000"]),
+            vec![b"PTTL", b"k"],
+            eval(RELEASE, b"k", &[b"tok"]),
+            vec![b"PEXPIRE", b"k", b"5"],
+            vec![b"SELECT", b"1"],
+            vec![b"SET", b"", b"", b"PX", b"1"],
+            vec![b"NOPE", b"x"],
+            vec![b"DEL", b"", b"k"],
+            vec![b"SCRIPT", b"FLUSH"],
+            evalsha(EXTEND_SHA, b"k", &[b"tok", b"2000"]),
+        ];
+        let mut bytes: Vec<u8> = cmds.iter().flat_map(|c| req(c)).collect();
+        bytes.extend_from_slice(b"*0\r\n\r\nPING  inline\r\n*1\r\n$4\r\nPING\r\n");
+        bytes
+    }
+
+    const PIPELINE_REPLY: &[u8] = b"+PONG\r\n+OK\r\n$-1\r\n$3\r\ntok\r\n\
+        -NOSCRIPT No matching script. Please use EVAL.\r\n:1\r\n:0\r\n:2000\r\n:1\r\n:0\r\n\
+        +OK\r\n+OK\r\n-ERR unknown command 'NOPE', with args beginning with: 'x' \r\n:1\r\n\
+        +OK\r\n-NOSCRIPT No matching script. Please use EVAL.\r\n$6\r\ninline\r\n+PONG\r\n";
+
+    #[test]
+    fn pipelined_commands_split_at_every_byte_answer_as_whole() {
+        let bytes = pipeline();
+        let now = 3 * MS;
+        let mut whole = SimNode::new(13);
+        let c = whole.accept();
+        assert_eq!(
+            text(&run_raw(&mut whole, c, &bytes, now)),
+            text(PIPELINE_REPLY)
+        );
+        let keys = whole.keys(now);
+        for split in 0..=bytes.len() {
+            let mut n = SimNode::new(13);
+            let c = n.accept();
+            let mut reply = run_raw(&mut n, c, &bytes[..split], now);
+            reply.extend(run_raw(&mut n, c, &bytes[split..], now));
+            assert_eq!(reply, PIPELINE_REPLY, "split at {split}");
+            assert_eq!(n.keys(now), keys);
+            assert_eq!(n.buffered(c), 0);
+        }
+        // One byte at a time: every reply comes out with the byte that completes its command.
+        let mut n = SimNode::new(13);
+        let c = n.accept();
+        let mut reply = Vec::new();
+        for (i, b) in bytes.iter().enumerate() {
+            let got = run_raw(&mut n, c, std::slice::from_ref(b), now);
+            if !got.is_empty() {
+                assert!(bytes[..=i].ends_with(b"\r\n") || bytes[..=i].ends_with(b"\n"));
+            }
+            assert!(well_formed(&got));
+            reply.extend(got);
+        }
+        assert_eq!(reply, PIPELINE_REPLY);
+        // Random cuts into several pieces.
+        let mut rng = fastrand::Rng::with_seed(13);
+        for _ in 0..300 {
+            let mut n = SimNode::new(13);
+            let c = n.accept();
+            let mut reply = Vec::new();
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let (piece, tail) = rest.split_at(rng.usize(0..=rest.len().min(40)));
+                reply.extend(run_raw(&mut n, c, piece, now));
+                rest = tail;
+            }
+            assert_eq!(reply, PIPELINE_REPLY);
+        }
+    }
+
+    #[test]
+    fn a_partial_command_waits_for_the_rest() {
+        let mut n = SimNode::new(14);
+        let c = n.accept();
+        let set = req(&[b"SET", b"k", b"tok", b"NX", b"PX", b"100"]);
+        for cut in 1..set.len() {
+            let mut n = SimNode::new(14);
+            let c = n.accept();
+            assert_eq!(run_raw(&mut n, c, &set[..cut], 0), b"", "cut at {cut}");
+            assert_eq!(n.buffered(c), cut);
+            assert_eq!(n.keys(0), vec![], "nothing ran");
+            assert_eq!(n.commands(), 0);
+            // The rest arrives later: the command runs at the time of the byte completing it.
+            assert_eq!(run_raw(&mut n, c, &set[cut..], 50 * MS), b"+OK\r\n");
+            assert_eq!(n.keys(50 * MS)[0].pttl_ms, Some(100));
+            assert_eq!(n.buffered(c), 0);
+        }
+        // A complete command followed by part of the next: the first is answered now.
+        let mut two = req(&[b"PING"]);
+        two.extend_from_slice(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r");
+        assert_eq!(run_raw(&mut n, c, &two, 0), b"+PONG\r\n");
+        assert_eq!(n.buffered(c), 19);
+        assert_eq!(run_raw(&mut n, c, b"", 0), b"");
+        assert_eq!(run_raw(&mut n, c, b"\n", 0), b"$-1\r\n");
+        // Closing drops the partial input.
+        assert_eq!(run_raw(&mut n, c, b"*1\r\n", 0), b"");
+        n.close(c);
+        n.close(c);
+        assert_eq!(n.buffered(c), 0);
+        assert_eq!(n.connections(), 0);
+    }
+
+    #[test]
+    fn protocol_errors_answer_then_close() {
+        let cases: [(&[u8], &[u8]); 11] = [
+            (
+                b"*abc\r\n",
+                b"-ERR Protocol error: invalid multibulk length\r\n",
+            ),
+            (
+                b"*2147483648\r\n",
+                b"-ERR Protocol error: invalid multibulk length\r\n",
+            ),
+            (
+                b"*01\r\n",
+                b"-ERR Protocol error: invalid multibulk length\r\n",
+            ),
+            (
+                b"*1\r\nPING\r\n",
+                b"-ERR Protocol error: expected '$', got 'P'\r\n",
+            ),
+            // The CR in the error text becomes a space, as in Redis.
+            (
+                b"*1\r\n\r\n",
+                b"-ERR Protocol error: expected '$', got ' '\r\n",
+            ),
+            (
+                b"*1\r\n$-1\r\n",
+                b"-ERR Protocol error: invalid bulk length\r\n",
+            ),
+            (
+                b"*1\r\n$1048577\r\n",
+                b"-ERR Protocol error: invalid bulk length\r\n",
+            ),
+            (
+                b"*1\r\n$x\r\n",
+                b"-ERR Protocol error: invalid bulk length\r\n",
+            ),
+            (
+                b"*1\r\n$4\r\nPINGxx",
+                b"-ERR Protocol error: expected '\\r\\n' after a bulk\r\n",
+            ),
+            (
+                b"*1\rx",
+                b"-ERR Protocol error: expected '\\n' after '\\r'\r\n",
+            ),
+            (
+                b"+PING\r\n",
+                b"-ERR unknown command '+PING', with args beginning with: \r\n",
+            ),
+        ];
+        for (input, want) in cases {
+            let mut n = SimNode::new(15);
+            let c = n.accept();
+            // Commands before the bad one are answered first.
+            let bytes = [&b"PING\r\n"[..], input].concat();
+            let fed = n.feed(c, &bytes, 0);
+            let reply = [&b"+PONG\r\n"[..], want].concat();
+            assert_eq!(text(&fed.reply), text(&reply), "{}", text(input));
+            if want.starts_with(b"-ERR Protocol") {
+                assert_eq!(fed.closed, Some(Closed::Protocol));
+                assert!(!n.is_open(c));
+                assert_eq!(n.feed(c, b"PING\r\n", 0).closed, Some(Closed::NotOpen));
+            } else {
+                assert_eq!(fed.closed, None);
+            }
+        }
+    }
+
+    #[test]
+    fn input_is_bounded() {
+        // A bulk that would fit, but does not arrive in full: closed past 1 MiB held.
+        let mut n = SimNode::new(16);
+        let c = n.accept();
+        let head = format!("*2\r\n$3\r\nGET\r\n${MAX_QUERY}\r\n");
+        assert_eq!(run_raw(&mut n, c, head.as_bytes(), 0), b"");
+        let fill = vec![b'a'; MAX_QUERY - head.len()];
+        assert_eq!(run_raw(&mut n, c, &fill, 0), b"");
+        assert_eq!(n.buffered(c), MAX_QUERY);
+        let fed = n.feed(c, b"a", 0);
+        assert_eq!(
+            fed,
+            Fed {
+                reply: vec![],
+                closed: Some(Closed::QueryLimit)
+            }
+        );
+        assert!(!n.is_open(c));
+        // A large command that completes is fine, in one feed or many.
+        let big = vec![b'v'; 900 * 1024];
+        let set = req(&[b"SET", b"big", &big]);
+        let c = n.accept();
+        for piece in set.chunks(100_000) {
+            run_raw(&mut n, c, piece, 0);
+        }
+        assert_eq!(n.value(0, b"big", 0).map(<[u8]>::len), Some(big.len()));
+        assert_eq!(n.buffered(c), 0);
+        // Many complete commands in one feed are not limited.
+        let many: Vec<u8> = std::iter::repeat_n(req(&[b"PING"]), 100_000)
+            .flatten()
+            .collect();
+        assert!(many.len() > MAX_QUERY);
+        assert_eq!(run_raw(&mut n, c, &many, 0).len(), 7 * 100_000);
+        // Lines that never end.
+        let c = n.accept();
+        run_raw(&mut n, c, &vec![b'P'; MAX_INLINE], 0);
+        let fed = n.feed(c, b"P", 0);
+        assert_eq!(
+            fed.reply,
+            b"-ERR Protocol error: too big inline request\r\n"
+        );
+        let c = n.accept();
+        let fed = n.feed(c, &[&b"*"[..], &vec![b'1'; MAX_INLINE + 1]].concat(), 0);
+        assert_eq!(
+            fed.reply,
+            b"-ERR Protocol error: too big mbulk count string\r\n"
+        );
+        let c = n.accept();
+        let fed = n.feed(
+            c,
+            &[&b"*1\r\n$"[..], &vec![b'1'; MAX_INLINE + 1]].concat(),
+            0,
+        );
+        assert_eq!(
+            fed.reply,
+            b"-ERR Protocol error: too big bulk count string\r\n"
+        );
+        assert_eq!(fed.closed, Some(Closed::Protocol));
+    }
+
+    /// One chunk of hostile input: noise, valid commands, or valid commands mangled.
+    fn chunk(rng: &mut fastrand::Rng) -> Vec<u8> {
+        let cmds: [Vec<&[u8]>; 12] = [
+            vec![b"PING"],
+            vec![b"SET", b"k", b"t1", b"NX", b"PX", b"5"],
+            vec![b"SET", b"k", b"t2", b"NX", b"PX", b"100"],
+            vec![b"GET", b"k"],
+            eval(RELEASE, b"k", &[b"t1"]),
+            evalsha(RELEASE_SHA, b"k", &[b"t2"]),
+            eval(EXTEND, b"k", &[b"t2", b"50"]),
+            evalsha(EXTEND_SHA, b"k", &[b"t1", b"-1"]),
+            vec![b"SCRIPT", b"FLUSH"],
+            vec![b"AUTH", b"pw"],
+            vec![b"SELECT", b"3"],
+            vec![b"PTTL", b"k"],
+        ];
+        match rng.u8(0..6) {
+            0 => (0..rng.usize(0..64)).map(|_| rng.u8(..)).collect(),
+            1 => (0..rng.usize(0..32))
+                .map(|_| *rng.choice(b"*$\r\n0123456789-PINGSET ").unwrap())
+                .collect(),
+            2 => {
+                let mut b = req(rng.choice(&cmds).unwrap());
+                let i = rng.usize(..b.len());
+                b[i] = rng.u8(..);
+                b
+            }
+            3 => {
+                let b = req(rng.choice(&cmds).unwrap());
+                b[..rng.usize(..=b.len())].to_vec()
+            }
+            _ => req(rng.choice(&cmds).unwrap()),
+        }
+    }
+
+    #[test]
+    fn no_input_panics_and_every_reply_is_well_formed() {
+        for seed in 0..300u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut n = SimNode::new(seed);
+            if rng.bool() {
+                n.set_password(Some(b"pw"));
+            }
+            let mut conns = vec![n.accept(), n.accept()];
+            let mut now: SimTime = rng.u64(..1 << 40);
+            for _ in 0..200 {
+                now = match rng.u8(0..10) {
+                    0 => rng.u64(..),
+                    1 => now.saturating_sub(rng.u64(..10 * MS)),
+                    _ => now.saturating_add(rng.u64(..3 * MS)),
+                };
+                match rng.u8(0..40) {
+                    0 => n.restart(),
+                    1 => n.close(*rng.choice(&conns).unwrap()),
+                    2 => conns.push(n.accept()),
+                    3 => {
+                        n.expire_all(now);
+                    }
+                    _ => {}
+                }
+                let c = *rng.choice(&conns).unwrap();
+                let bytes = chunk(&mut rng);
+                let fed = n.feed(c, &bytes, now);
+                assert!(well_formed(&fed.reply), "seed {seed}: {}", text(&fed.reply));
+                assert!(n.buffered(c) <= MAX_QUERY);
+                if fed.closed == Some(Closed::NotOpen) {
+                    assert!(fed.reply.is_empty());
+                }
+                if fed.closed.is_some() {
+                    assert!(!n.is_open(c));
+                }
+                for k in n.keys(now) {
+                    assert!(k.db < DATABASES);
+                    assert_eq!(n.value(k.db, &k.key, now), Some(&k.value[..]));
+                }
+            }
+        }
+    }
+}
