@@ -15,8 +15,8 @@
 //! - A reply is matched to its command through its session's FIFO, tagged with the round
 //!   it belongs to; a reply of an earlier round is read and dropped, never counted in a
 //!   later one (round ids start at 1; 0 tags replies nobody waits for).
-//! - A node that still owes replies older than `node_timeout`, or more than
-//!   [`MAX_BEHIND`] replies, is "lagging": it is not
+//! - A node that still owes replies older than `node_timeout`, or replies of a round
+//!   more than [`MAX_ROUNDS_BEHIND`] rounds back, is "lagging": it is not
 //!   waited for and is sent no new lock command, so a frozen minority costs nothing once
 //!   it has been seen to lag. The one thing queued to it is an unlock's compare-and-delete
 //!   for a lock whose SET or extend was written there: it runs right after the stale
@@ -302,7 +302,7 @@ impl Engine {
             let lagging = s.pending.front().is_some_and(|_| {
                 let cutoff =
                     *lag_cutoff.get_or_insert_with(|| start.checked_sub(self.timing.node_timeout));
-                s.is_lagging(cutoff) || s.owed() > MAX_BEHIND
+                s.is_lagging(cutoff) || s.rounds_behind(self.round_id) > MAX_ROUNDS_BEHIND
             });
             let frame_ok = req.kind != Kind::Extend || s.extend_script_known;
             if s.state == State::Ready && !s.suspect && !lagging && frame_ok {
@@ -333,7 +333,8 @@ impl Engine {
     ) {
         self.sessions[node].may_resend = false;
         self.sessions[node].sent = false;
-        if self.sessions[node].is_lagging(lag_cutoff) || self.sessions[node].owed() > MAX_BEHIND {
+        let s = &self.sessions[node];
+        if s.is_lagging(lag_cutoff) || s.rounds_behind(self.round_id) > MAX_ROUNDS_BEHIND {
             // The caller may simply not have polled for a while (it was busy in its
             // critical section) while the replies sit unread in the socket: read them
             // before calling the node lagging.
@@ -359,7 +360,10 @@ impl Engine {
             active.round.fail_node(node, &s.down_error());
             return;
         }
-        if s.suspect || s.is_lagging(lag_cutoff) || s.owed() > MAX_BEHIND {
+        if s.suspect
+            || s.is_lagging(lag_cutoff)
+            || s.rounds_behind(self.round_id) > MAX_ROUNDS_BEHIND
+        {
             // A connection that has not finished its handshake is connecting, whatever
             // made it slow; one that answered it and then fell behind is lagging.
             let why = if s.handshaking() {
@@ -788,10 +792,12 @@ impl Engine {
     }
 }
 
-/// Replies a node may owe before it counts as lagging, however young they are: calls
-/// return at a majority, so a node slower than the caller falls behind round after round;
-/// this bounds how far (and the memory its queue holds), until it catches up.
-pub const MAX_BEHIND: usize = 256;
+/// How many rounds back a node may still owe a reply before it counts as lagging,
+/// however young the reply: calls return at a majority, so a node slower than the caller
+/// falls behind round after round; this bounds how far (and the memory its queue holds)
+/// until it catches up. Counted in rounds, not replies, so a batch round of a thousand
+/// commands is one round behind, not a thousand.
+pub const MAX_ROUNDS_BEHIND: u64 = 64;
 
 /// A node's bit in a mask of nodes: nodes from 63 on share the last bit, so a mask is
 /// exact for up to 63 nodes and errs on the side of including a node beyond.

@@ -38,9 +38,10 @@ const MAX_PENDING: usize = 1 << 16;
 /// First read buffer size; enough for thousands of pipelined lock replies.
 const INBOX: usize = 16 * 1024;
 /// Owed replies the queue holds before it allocates: calls return at a majority, so a
-/// healthy node is often a few rounds behind; 64 entries (2 KiB) cover a node twenty
-/// rounds behind without a steady-state allocation.
-const PENDING: usize = 64;
+/// healthy node is often a few rounds behind, and up to `MAX_ROUNDS_BEHIND` (64) of
+/// single-command rounds before it counts as lagging; 128 entries (4 KiB) cover that
+/// without a steady-state allocation.
+const PENDING: usize = 128;
 
 /// What a queued reply belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -496,6 +497,16 @@ impl Session {
         Some(answer)
     }
 
+    /// How many rounds before `round` the oldest reply the node owes was sent in; 0 when
+    /// it owes none, or only replies no round waits for (handshake, fire-and-forget).
+    #[inline]
+    pub fn rounds_behind(&self, round: u64) -> u64 {
+        match self.pending.front() {
+            Some(e) if e.round != 0 => round.saturating_sub(e.round),
+            _ => 0,
+        }
+    }
+
     /// How many replies the node owes.
     pub fn owed(&self) -> usize {
         self.pending.len()
@@ -861,5 +872,20 @@ mod tests {
         let mut s = ready_owing(&[Kind::Acquire]);
         feed(&mut s, b"+O");
         assert_eq!(s.next_answer(&limits), None);
+    }
+
+    #[test]
+    fn how_far_behind_counts_rounds_not_replies() {
+        let now = Instant::now();
+        let mut s = ready_owing(&[]);
+        assert_eq!(s.rounds_behind(9), 0);
+        // A batch of 1,000 commands in round 3 is one round, however many replies.
+        s.enqueue(command_expect(3, Kind::Acquire, now), 1000).unwrap();
+        assert_eq!(s.rounds_behind(4), 1);
+        assert_eq!(s.rounds_behind(70), 67);
+        // Fire-and-forget replies (round 0) at the front say nothing of rounds.
+        let mut s = ready_owing(&[]);
+        s.enqueue(command_expect(0, Kind::Release, now), 1).unwrap();
+        assert_eq!(s.rounds_behind(70), 0);
     }
 }
