@@ -245,6 +245,11 @@ impl Round {
             self.votes.resize(slots * nodes, Vote::Pending);
         }
         self.failures.clear();
+        // Room for every node to fail once without allocating: a lagging node in a
+        // steady stream of rounds must not cost an allocation per round.
+        if self.failures.capacity() < nodes {
+            self.failures.reserve(nodes);
+        }
         self.unstamped.clear();
         self.open = slots;
         self.quorum = quorum(nodes) as u32;
