@@ -880,7 +880,8 @@ mod tests {
         let mut s = ready_owing(&[]);
         assert_eq!(s.rounds_behind(9), 0);
         // A batch of 1,000 commands in round 3 is one round, however many replies.
-        s.enqueue(command_expect(3, Kind::Acquire, now), 1000).unwrap();
+        s.enqueue(command_expect(3, Kind::Acquire, now), 1000)
+            .unwrap();
         assert_eq!(s.rounds_behind(4), 1);
         assert_eq!(s.rounds_behind(70), 67);
         // Fire-and-forget replies (round 0) at the front say nothing of rounds.
