@@ -774,6 +774,16 @@ impl Engine {
         }
     }
 
+    /// Some node that was sent the current round's command still holds it unwritten (a
+    /// connection being reopened, a full socket buffer). An unlock is decided by a
+    /// majority, but each delete should at least have left the process before it
+    /// returns: its caller may make no further call that would flush it.
+    pub fn writes_pending(&self) -> bool {
+        self.sessions
+            .iter()
+            .any(|s| s.sent && s.state != State::Down && s.has_unsent())
+    }
+
     /// The nodes the last round's command was handed to, as a [`chases`] mask.
     pub fn written(&self) -> u64 {
         self.sessions

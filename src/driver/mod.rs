@@ -21,9 +21,10 @@
 //!   that ends with no event, and any slow-path work, re-read the clock). Connecting,
 //!   reconnecting and handshakes never block: a node that is not ready just votes
 //!   "failed".
-//! - Before a lock or extend command goes out, one non-blocking poll takes in whatever
-//!   arrived meanwhile, so a byte no command asked for is caught as such instead of
-//!   being read as the answer to the new command.
+//! - Before any command goes out, one non-blocking poll takes in whatever arrived
+//!   meanwhile, so a byte no command asked for is caught as such instead of being read
+//!   as the answer to the new command, and a connection the server closed is replaced
+//!   before the command is written to it.
 
 pub(crate) mod conn;
 
@@ -85,23 +86,25 @@ impl Driver {
     pub fn run(&mut self, round: &mut Round, req: &Request<'_>) -> Instant {
         // Taken out once per round, not once per wait: the event loop borrows `self`.
         let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
-        let start = if req.kind == Kind::Release {
-            Instant::now()
-        } else {
-            // Before a lock or extend goes out, take in what arrived while the caller was
-            // away: late replies, closed connections, and bytes no command asked for,
-            // which would otherwise be taken for the answer to this command. One
-            // non-blocking epoll_wait; a release, whose count is all it reports, skips it.
-            self.poll_once(&mut events, Duration::ZERO, None);
-            Instant::now()
-        };
+        // Before any command goes out, take in what arrived while the caller was away:
+        // late replies, bytes no command asked for (which would otherwise be taken for
+        // the answer to this command), and connections the server closed meanwhile (a
+        // restart, a timeout), so the command goes on a fresh one. A release needs it as
+        // much as a lock: it returns at a majority, so a delete written to a dead
+        // connection would not be resent within the call. One non-blocking epoll_wait.
+        self.poll_once(&mut events, Duration::ZERO, None);
+        let start = Instant::now();
         let mut active = Active { round, req };
         self.engine.begin(&mut self.net, &mut active, start);
         // Waits come from a budget that reads the clock only every few waits (see
         // `core::budget`); the clock is otherwise read only to stamp a decision, once per
         // batch of replies that made one.
         let mut budget = WaitBudget::new(start, self.engine.timing().node_timeout);
-        while !active.round.is_done() {
+        // A release is decided by a majority, but does not return while a delete it
+        // wrote is still waiting in the process (a connection being reopened): nothing
+        // else might flush it. Bounded, like the round, by `node_timeout`.
+        let release = req.kind == Kind::Release;
+        while !active.round.is_done() || (release && self.engine.writes_pending()) {
             let timeout = match budget.next_wait() {
                 Some(wait) => wait,
                 None => {
