@@ -1,12 +1,15 @@
-//! Replays the committed fuzz corpus (`fuzz/corpus/resp_parse/`, `fuzz/corpus/resp_split/`
-//! and `fuzz/corpus/resp_roundtrip/`) through the same check functions the fuzz targets
-//! run, on the stable toolchain and without libFuzzer. Every directory under
-//! `fuzz/corpus/` must belong to a target replayed here.
+//! Replays the committed fuzz corpus (`fuzz/corpus/resp_parse/`, `fuzz/corpus/resp_split/`,
+//! `fuzz/corpus/resp_roundtrip/` and `fuzz/corpus/session/`) through the same check
+//! functions the fuzz targets run (`fuzz/src/checks.rs` and `fuzz/src/session.rs`), on the
+//! stable toolchain and without libFuzzer. Every directory under `fuzz/corpus/` must belong
+//! to a target replayed here.
 //!
 //! `cargo test --test fuzz_corpus -- --nocapture` shows how many files were replayed.
 
 #[path = "../fuzz/src/checks.rs"]
 mod checks;
+#[path = "../fuzz/src/session.rs"]
+mod session;
 
 use std::fs;
 use std::panic::{self, AssertUnwindSafe};
@@ -79,12 +82,20 @@ fn every_corpus_directory_is_replayed() {
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["resp_parse", "resp_roundtrip", "resp_split"]);
+    assert_eq!(
+        names,
+        ["resp_parse", "resp_roundtrip", "resp_split", "session"]
+    );
 }
 
 #[test]
 fn resp_roundtrip_corpus() {
     replay("resp_roundtrip", checks::check_roundtrip);
+}
+
+#[test]
+fn session_corpus() {
+    replay("session", session::check_session);
 }
 
 /// Found by `resp_parse`: a lone `\n` inside a simple-string line. The whole reply
