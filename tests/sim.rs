@@ -83,7 +83,7 @@ fn report(what: &str, s: &Stats, secs: f64) {
     eprintln!(
         "sim {what}: {} scenarios in {secs:.2} s ({:.0}/s), {} steps; {} attempts, {} locks \
          granted, {} contended (taken), {} unavailable, {} won too late, {} extends ({} \
-         failed), {} unlocks, {} round timeouts; faults: {} total = {} freezes, {} resets, \
+         failed), {} unlocks, {} abandoned to expire, {} round timeouts; faults: {} total = {} freezes, {} resets, \
          {} restarts, {} unsafe restarts, {} slow links, {} reply spikes, {} partial writes, \
          {} split reads; releases owed: {} sent, {} excused by a broken connection; max \
          buffer growth {} B; overlaps {}",
@@ -98,6 +98,7 @@ fn report(what: &str, s: &Stats, secs: f64) {
         s.extends,
         s.extends_failed,
         s.unlocks,
+        s.abandoned,
         s.round_timeouts,
         s.faults(),
         s.freezes,
@@ -137,10 +138,11 @@ fn scenarios() {
             "only {got} {what} in {n} scenarios (floor: {per_1000} per 1000)"
         );
     };
-    floor("locks granted", s.locks, 2000);
+    floor("locks granted", s.locks, 1500);
     floor("contended attempts", s.contended, 3000);
     floor("extends", s.extends, 400);
-    floor("unlocks", s.unlocks, 2000);
+    floor("unlocks", s.unlocks, 1000);
+    floor("locks abandoned to expire", s.abandoned, 400);
     floor("faults", s.faults(), 15_000);
     floor("freezes", s.freezes, 200);
     floor("resets", s.resets, 200);

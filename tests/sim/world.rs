@@ -67,6 +67,9 @@ pub const DRIFT: f64 = 0.01;
 pub const RESOURCES: [&[u8]; 2] = [b"sim:a", b"sim:b"];
 /// Bytes an engine's buffers may grow beyond what they held when it was built.
 pub const BUFFER_SLACK: usize = 64 * 1024;
+/// Attempts per lock before a client gives up: patient enough to be there when a
+/// lock it waits for expires.
+const MAX_ATTEMPTS: u32 = 6;
 /// Global time after which a scenario that has not finished is a bug (livelock).
 const HORIZON: SimTime = 20_000 * MS;
 /// Steps after which a scenario that has not finished is a bug.
@@ -120,6 +123,8 @@ pub struct Stats {
     pub extends: u64,
     pub extends_failed: u64,
     pub unlocks: u64,
+    /// Locks left to expire, never unlocked.
+    pub abandoned: u64,
     pub freezes: u64,
     pub resets: u64,
     pub restarts: u64,
@@ -150,6 +155,7 @@ impl Stats {
         self.extends += o.extends;
         self.extends_failed += o.extends_failed;
         self.unlocks += o.unlocks;
+        self.abandoned += o.abandoned;
         self.freezes += o.freezes;
         self.resets += o.resets;
         self.restarts += o.restarts;
@@ -232,7 +238,7 @@ pub struct SimTransport {
     /// Releases written whole in one write, by node: (hash of the token, where in
     /// `sent`). The obligation check looks here first, and searches `sent` only for
     /// releases written in pieces.
-    releases: Vec<Vec<(u64, usize)>>,
+    releases: Vec<Vec<(u128, usize)>>,
     p_partial_write: f64,
     p_split_read: f64,
     p_slow_link: f64,
@@ -336,7 +342,7 @@ impl Transport for SimTransport {
             let at = self.sent[node].len();
             if n == bytes.len() && n > 34 && bytes.starts_with(b"*5\r\n$4\r\nEVAL\r\n") {
                 let token = &bytes[n - 34..n - 2];
-                self.releases[node].push((hash(token), at));
+                self.releases[node].push((tag(token), at));
             }
             self.sent[node].extend_from_slice(&bytes[..n]);
             if !conn.broken {
@@ -566,26 +572,40 @@ pub struct World {
     faults: VecDeque<(SimTime, Fault)>,
     holds: Vec<Hold<usize>>,
     /// (node, resource, hash of a value) ever seen set on a node.
-    observed: HashSet<(usize, usize, u64)>,
+    observed: HashSet<(usize, usize, u128)>,
+    /// Per node, each resource's value as last observed.
+    seen: Vec<[Option<u128>; RESOURCES.len()]>,
     owed: Vec<Owed>,
     stats: Stats,
     unsafe_done: bool,
 }
 
 /// Notes every (resource, value) `node` holds at `now`.
-fn observe(observed: &mut HashSet<(usize, usize, u64)>, node: usize, n: &SimNode, now: SimTime) {
+/// `last` holds what was seen there before, so the set is touched only on a change.
+fn observe(
+    observed: &mut HashSet<(usize, usize, u128)>,
+    last: &mut [Option<u128>; RESOURCES.len()],
+    node: usize,
+    n: &SimNode,
+    now: SimTime,
+) {
     for (r, key) in RESOURCES.iter().enumerate() {
-        if let Some(v) = n.value(0, key, now) {
-            observed.insert((node, r, hash(v)));
+        let v = n.value(0, key, now).map(tag);
+        if v != last[r] {
+            last[r] = v;
+            if let Some(v) = v {
+                observed.insert((node, r, v));
+            }
         }
     }
 }
 
-fn hash(bytes: &[u8]) -> u64 {
-    // FNV-1a: tokens are random, collisions irrelevant.
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+/// A value's first 16 bytes: tokens are random hex, so this tells them apart.
+fn tag(bytes: &[u8]) -> u128 {
+    let mut b = [0u8; 16];
+    let n = bytes.len().min(16);
+    b[..n].copy_from_slice(&bytes[..n]);
+    u128::from_le_bytes(b)
 }
 
 impl World {
@@ -694,7 +714,7 @@ impl World {
                     chase: 0,
                     phase: Phase::Idle(rng.u64(0..8 * MS)),
                     lock: None,
-                    ops_left: rng.u32(2..=3),
+                    ops_left: rng.u32(1..=2),
                     attempt: 0,
                     round_closes: vec![0; n],
                     round_sent: vec![0; n],
@@ -718,6 +738,7 @@ impl World {
             faults: faults.into(),
             holds: Vec::new(),
             observed: HashSet::new(),
+            seen: vec![[None; RESOURCES.len()]; n],
             owed: Vec::new(),
             stats: Stats::default(),
             unsafe_done: false,
@@ -741,10 +762,13 @@ impl World {
                 if self.clients[ci].due <= self.now {
                     self.deliver(ci);
                     self.client_step(ci);
+                    self.due(ci);
                 }
             }
-            if self.mode == Mode::UnsafeRestart {
-                self.maybe_unsafe_restart();
+            if self.mode == Mode::UnsafeRestart && self.maybe_unsafe_restart() {
+                for ci in 0..self.clients.len() {
+                    self.due(ci);
+                }
             }
             match self.next_time() {
                 Some(t) => self.now = t.max(self.now + 1),
@@ -763,11 +787,15 @@ impl World {
         // Every release owed was handed to its node, unless the connection broke.
         for o in &self.owed {
             let t = &self.clients[o.client].transport;
-            let token = hash(&o.release[o.release.len() - 34..o.release.len() - 2]);
+            let token = tag(&o.release[o.release.len() - 34..o.release.len() - 2]);
             let whole = t.releases[o.node]
                 .iter()
                 .any(|&(h, at)| h == token && at >= o.from);
-            if whole || memchr::memmem::find(&t.sent[o.node][o.from..], &o.release).is_some() {
+            // Written in pieces: look where commands start.
+            let stream = &t.sent[o.node][o.from..];
+            let pieces =
+                || memchr::memchr_iter(b'*', stream).any(|at| stream[at..].starts_with(&o.release));
+            if whole || pieces() {
                 self.stats.releases_sent += 1;
             } else if t.closes[o.node] > o.closes {
                 self.stats.releases_excused += 1;
@@ -881,7 +909,13 @@ impl World {
                         let (_, bytes) = conn.to_node.pop_front().unwrap();
                         let node_now = nb.clock.local(now);
                         let fed = nb.node.feed(id, &bytes, node_now);
-                        observe(&mut self.observed, node, &nb.node, node_now);
+                        observe(
+                            &mut self.observed,
+                            &mut self.seen[node],
+                            node,
+                            &nb.node,
+                            node_now,
+                        );
                         let mut lat = conn.lat + t.rng.u64(0..=conn.lat / 4);
                         if t.rng.f64() < spike {
                             lat += t.rng.u64(nt..3 * nt);
@@ -911,6 +945,7 @@ impl World {
             }
             // Connections the client closed: deliver what was written, then close.
             let nodes = &mut self.nodes;
+            let seen = &mut self.seen;
             t.zombies.retain_mut(|(node, conn)| {
                 let nb = &mut nodes[*node];
                 let ConnState::Open(id) = conn.state else {
@@ -926,7 +961,13 @@ impl World {
                     let (_, bytes) = conn.to_node.pop_front().unwrap();
                     let node_now = nb.clock.local(now);
                     nb.node.feed(id, &bytes, node_now);
-                    observe(&mut self.observed, *node, &nb.node, node_now);
+                    observe(
+                        &mut self.observed,
+                        &mut seen[*node],
+                        *node,
+                        &nb.node,
+                        node_now,
+                    );
                 }
                 if conn.to_node.is_empty() {
                     nb.node.close(id);
@@ -937,47 +978,54 @@ impl World {
         }
     }
 
-    fn next_time(&mut self) -> Option<SimTime> {
-        let mut next = self.faults.front().map(|f| f.0);
-        for c in &mut self.clients {
-            let mut due: Option<SimTime> = None;
-            let mut at = |t: SimTime| due = Some(due.map_or(t, |n: SimTime| n.min(t)));
-            match c.phase {
-                Phase::Idle(t) | Phase::Holding(t) => at(t),
-                Phase::Round { timeout, .. } => at(timeout),
-                Phase::Done => {}
+    /// The next global time anything is due: a fault, or some client's [`World::due`].
+    fn next_time(&self) -> Option<SimTime> {
+        let clients = self.clients.iter().map(|c| c.due);
+        let next = self
+            .faults
+            .front()
+            .map(|f| f.0)
+            .into_iter()
+            .chain(clients)
+            .min()?;
+        (next != SimTime::MAX).then_some(next)
+    }
+
+    /// Recomputes when client `ci` next has something due: a timer, or its connections'
+    /// bytes, connects, closes and writable edges.
+    fn due(&mut self, ci: usize) {
+        let nodes = &self.nodes;
+        let c = &mut self.clients[ci];
+        let mut due = match c.phase {
+            Phase::Idle(t) | Phase::Holding(t) => t,
+            Phase::Round { timeout, .. } => timeout,
+            Phase::Done => SimTime::MAX,
+        };
+        let t = &c.transport;
+        let conns = t
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.as_ref().map(|c| (i, c)))
+            .chain(t.zombies.iter().map(|(i, c)| (*i, c)));
+        for (node, conn) in conns {
+            if let ConnState::Connecting(t) = conn.state {
+                due = due.min(t);
             }
-            let t = &c.transport;
-            let conns = t
-                .conns
-                .iter()
-                .enumerate()
-                .filter_map(|(i, c)| c.as_ref().map(|c| (i, c)))
-                .chain(t.zombies.iter().map(|(i, c)| (*i, c)));
-            for (node, conn) in conns {
-                let nb = &self.nodes[node];
-                if let ConnState::Connecting(t) = conn.state {
-                    at(t);
-                }
-                if let Some(d) = conn.to_node.front() {
-                    at(d.0.max(nb.frozen_until));
-                }
-                if let Some(d) = conn.from_node.front() {
-                    at(d.0);
-                }
-                if let (Some(f), false) = (conn.fin_at, conn.fin) {
-                    at(f);
-                }
-                if let Some(w) = conn.writable_at {
-                    at(w);
-                }
+            if let Some(d) = conn.to_node.front() {
+                due = due.min(d.0.max(nodes[node].frozen_until));
             }
-            c.due = due.unwrap_or(SimTime::MAX);
-            if let Some(d) = due {
-                next = Some(next.map_or(d, |n| n.min(d)));
+            if let Some(d) = conn.from_node.front() {
+                due = due.min(d.0);
+            }
+            if let (Some(f), false) = (conn.fin_at, conn.fin) {
+                due = due.min(f);
+            }
+            if let Some(w) = conn.writable_at {
+                due = due.min(w);
             }
         }
-        next
+        c.due = due;
     }
 
     fn client_step(&mut self, ci: usize) {
@@ -1054,10 +1102,23 @@ impl World {
         let c = &mut self.clients[ci];
         let lock = c.lock.as_ref().expect("holding without a lock");
         let valid = c.transport.instant() < lock.deadline;
-        if valid && !lock.extended && c.rng.u8(0..3) == 0 {
-            let token = lock.token;
-            c.begin(Kind::Extend, token, 0, nt);
-            return;
+        match c.rng.u8(0..12) {
+            0..=3 if valid && !lock.extended => {
+                let token = lock.token;
+                c.begin(Kind::Extend, token, 0, nt);
+                return;
+            }
+            // Never unlocked (the client lost interest, or crashed in the critical
+            // section): the lock ends with its deadline, the keys with their ttl, and the
+            // others, patient, take it right after.
+            4..=6 => {
+                c.lock = None;
+                c.ops_left -= 1;
+                c.phase = Phase::Idle(now + c.rng.u64(0..3 * MS));
+                self.stats.abandoned += 1;
+                return;
+            }
+            _ => {}
         }
         self.unlock(ci, now);
     }
@@ -1102,7 +1163,7 @@ impl World {
         let seed = self.seed;
         let c = &self.clients[ci];
         let n = self.nodes.len();
-        let token = hash(c.items[0].token.as_bytes());
+        let token = tag(c.items[0].token.as_bytes());
         let yes: Vec<usize> = (0..n)
             .filter(|&node| c.round.vote(node, 0) == Some(Outcome::Locked))
             .collect();
@@ -1188,13 +1249,13 @@ impl World {
                     ..
                 } = c;
                 engine.release_lost(transport, &items[..], &[0]);
-                if c.attempt >= 3 {
+                if c.attempt >= MAX_ATTEMPTS {
                     c.attempt = 0;
                     c.ops_left -= 1;
                 }
                 let wait = c
                     .tokens
-                    .jitter(Duration::from_millis(2), Duration::from_millis(2));
+                    .jitter(Duration::from_millis(3), Duration::from_millis(2));
                 c.phase = Phase::Idle(now + wait.as_nanos() as SimTime);
             }
             Kind::Extend => {
@@ -1265,9 +1326,9 @@ impl World {
 
     /// Once per scenario: a node holding a live lock's key, when only a bare majority
     /// holds it, restarts empty at once.
-    fn maybe_unsafe_restart(&mut self) {
+    fn maybe_unsafe_restart(&mut self) -> bool {
         if self.unsafe_done {
-            return;
+            return false;
         }
         let q = quorum(self.nodes.len());
         for ci in 0..self.clients.len() {
@@ -1288,8 +1349,9 @@ impl World {
                 self.restart(victim, 0);
                 self.unsafe_done = true;
                 self.stats.unsafe_restarts += 1;
-                return;
+                return true;
             }
         }
+        false
     }
 }
