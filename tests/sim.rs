@@ -10,10 +10,12 @@
 //! Running it:
 //!
 //! - `cargo test --test sim`: 10,000 seeded scenarios (seeds `SIM_BASE..SIM_BASE + N`,
-//!   `SIM_BASE` defaulting to 0), and the unsafe-restart scenarios.
-//! - `SIM_SCENARIOS=1000000 cargo test --release --test sim`: a longer run.
-//! - `SIM_SEED=1234 cargo test --test sim scenarios`: replays one seed (the failing one a
-//!   run prints), alone.
+//!   `SIM_BASE` defaulting to 0), on two threads, and 500 unsafe-restart scenarios.
+//!   Prints the counts: scenarios, locks granted, contention, faults injected by kind.
+//! - `SIM_SCENARIOS=1000000 cargo test --release --test sim scenarios`: a longer run
+//!   (`SIM_BASE=...` for other seeds than CI's).
+//! - `SIM_SEED=1234 cargo test --test sim`: replays one seed alone (a failing scenario
+//!   prints this line with its seed). Add `-- --nocapture` to see its counts.
 
 #[path = "sim/check.rs"]
 mod check;
@@ -86,7 +88,7 @@ fn report(what: &str, s: &Stats, secs: f64) {
          failed), {} unlocks, {} abandoned to expire, {} round timeouts; faults: {} total = {} freezes, {} resets, \
          {} restarts, {} unsafe restarts, {} slow links, {} reply spikes, {} partial writes, \
          {} split reads; releases owed: {} sent, {} excused by a broken connection; max \
-         buffer growth {} B; overlaps {}",
+         buffer growth {} B; overlaps {} (first at seed {:?})",
         s.scenarios,
         s.scenarios as f64 / secs,
         s.steps,
@@ -113,6 +115,7 @@ fn report(what: &str, s: &Stats, secs: f64) {
         s.releases_excused,
         s.max_buffer_growth,
         s.overlaps,
+        s.overlap_seed,
     );
 }
 
@@ -152,6 +155,16 @@ fn scenarios() {
     floor("reply spikes", s.spikes, 500);
     floor("round timeouts", s.round_timeouts, 80);
     floor("releases seen sent", s.releases_sent, 30_000);
+}
+
+/// A seed is a whole scenario: run twice, it takes the same steps to the same counts.
+#[test]
+fn a_seed_replays_exactly() {
+    for seed in 0..20 {
+        let a = run_one(seed, Mode::Safe, Instant::now());
+        let b = run_one(seed, Mode::Safe, Instant::now());
+        assert_eq!(format!("{a:?}"), format!("{b:?}"), "seed {seed}");
+    }
 }
 
 /// The unsafe restart the README warns of: a node restarts empty at once while a lock

@@ -23,9 +23,13 @@
 //!   script cache. In [`Mode::Safe`] a restarted node stays down (connections refused)
 //!   for longer than any ttl, the README's delayed restart; in [`Mode::UnsafeRestart`] a
 //!   node that holds a live lock's key, on a bare majority, restarts empty at once.
-//! - Clients: acquire (up to three attempts, jittered), hold, maybe extend, unlock, a
-//!   few times each; a failed attempt calls `release_lost` on what it wrote. The rules
-//!   for a lock's validity are `Redlock::attempt`'s and `Redlock::extend`'s.
+//! - Clients: acquire (up to [`MAX_ATTEMPTS`] attempts, 1 to 5 ms apart), hold, then
+//!   extend, unlock, or abandon the lock to expire (a client that crashed in its critical
+//!   section), once or twice each; a failed attempt calls `release_lost` on what it
+//!   wrote. The rules for a lock's validity are `Redlock::attempt`'s and
+//!   `Redlock::extend`'s (`quorum::safe_span`, `quorum::deadline`). Patient waiters and
+//!   abandoned locks put acquisitions right at the expiry boundary: a validity
+//!   overstated by 1 ms is caught within a few hundred seeds.
 //!
 //! # Invariants, checked as the world runs (a violation panics with the seed)
 //!
@@ -69,7 +73,7 @@ pub const RESOURCES: [&[u8]; 2] = [b"sim:a", b"sim:b"];
 pub const BUFFER_SLACK: usize = 64 * 1024;
 /// Attempts per lock before a client gives up: patient enough to be there when a
 /// lock it waits for expires.
-const MAX_ATTEMPTS: u32 = 6;
+pub const MAX_ATTEMPTS: u32 = 6;
 /// Global time after which a scenario that has not finished is a bug (livelock).
 const HORIZON: SimTime = 20_000 * MS;
 /// Steps after which a scenario that has not finished is a bug.
@@ -140,6 +144,8 @@ pub struct Stats {
     pub max_buffer_growth: usize,
     /// Overlapping windows found (only ever non-zero in [`Mode::UnsafeRestart`]).
     pub overlaps: u64,
+    /// The smallest seed that showed an overlap.
+    pub overlap_seed: Option<u64>,
     pub unsafe_restarts: u64,
 }
 
@@ -168,6 +174,10 @@ impl Stats {
         self.releases_excused += o.releases_excused;
         self.max_buffer_growth = self.max_buffer_growth.max(o.max_buffer_growth);
         self.overlaps += o.overlaps;
+        self.overlap_seed = match (self.overlap_seed, o.overlap_seed) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         self.unsafe_restarts += o.unsafe_restarts;
     }
 
@@ -817,6 +827,9 @@ impl World {
             }
         }
         self.stats.overlaps = found.len() as u64;
+        if !found.is_empty() {
+            self.stats.overlap_seed = Some(seed);
+        }
         self.stats.scenarios = 1;
         for c in &self.clients {
             self.stats.add(&c.transport.stats);
