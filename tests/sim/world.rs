@@ -1,0 +1,1370 @@
+//! The simulated world: a global virtual clock, simulated Redis nodes ([`SimNode`]) each on
+//! its own clock, and several Redlock clients, each its own [`Engine`] over its own
+//! [`SimTransport`], contending for a few resources. Every choice is drawn from one seed.
+//!
+//! # What is modelled
+//!
+//! - Time: one global clock in nanoseconds. Every node and every client reads its own
+//!   clock, `offset + rate × global`; client rates are within ±0.25 % and node rates
+//!   within ±0.5 % of the global rate, so any node runs at most 0.76 % faster than any
+//!   client: inside the drift factor (1 %) the clients are configured with.
+//! - Connections: one per (client, node), made by the engine through
+//!   [`Transport::open`]. Bytes a client writes reach the node after the connection's
+//!   latency, in order; the node's replies come back the same way. A read hands out what
+//!   has arrived, often only part of it (a split anywhere); the rest raises a new
+//!   readiness edge, as it would arriving later. A write may take only part of the bytes
+//!   (the rest waits for a writable edge). A connection the client closes still delivers
+//!   what was written before the close, then the node closes its side (a stale SET may
+//!   still apply: the hazard the engine's chase of releases exists for).
+//! - Faults, all seeded: slow links (latency above `node_timeout`), reply spikes (one
+//!   reply delayed past `node_timeout`), freezes (the node processes nothing, its
+//!   kernel still accepts connections and buffers bytes), resets (both sides see the
+//!   connection close, bytes in flight are lost), restarts that lose every key and the
+//!   script cache. In [`Mode::Safe`] a restarted node stays down (connections refused)
+//!   for longer than any ttl, the README's delayed restart; in [`Mode::UnsafeRestart`] a
+//!   node that holds a live lock's key, on a bare majority, restarts empty at once.
+//! - Clients: acquire (up to [`MAX_ATTEMPTS`] attempts, 1 to 5 ms apart), hold, then
+//!   extend, unlock, or abandon the lock to expire (a client that crashed in its critical
+//!   section), once or twice each; a failed attempt calls `release_lost` on what it
+//!   wrote. The rules for a lock's validity are `Redlock::attempt`'s and
+//!   `Redlock::extend`'s (`quorum::safe_span`, `quorum::deadline`). Patient waiters and
+//!   abandoned locks put acquisitions right at the expiry boundary: a validity
+//!   overstated by 1 ms is caught within a few hundred seeds.
+//!
+//! # Invariants, checked as the world runs (a violation panics with the seed)
+//!
+//! - A slot is won only with yes votes of distinct nodes reaching the quorum, each from
+//!   a node that really held that key with that token at some point (so no reply of
+//!   another round, slot or client was counted).
+//! - A lock's deadline is `start + ttl − drift` on the client's clock, and it was
+//!   decided before it.
+//! - Every node the SET (or extend) was handed to gets the compare-and-delete after a
+//!   lost attempt or an unlock: its exact bytes are handed to that node's connection
+//!   later, unless that connection broke meanwhile (then it could not be sent).
+//! - Each engine's buffers stay under a fixed bound.
+//! - Across all clients, no two validity windows of one resource overlap in global
+//!   time (windows mapped from each client's clock rounded outwards), in
+//!   [`Mode::Safe`]; in [`Mode::UnsafeRestart`] overlaps are counted instead.
+
+use crate::check::{Hold, overlaps};
+use crate::node::{ConnId, SimNode, SimTime};
+use quorumlock::__private::core::command::{Cmd, encode};
+use quorumlock::__private::core::engine::{
+    Active, Engine, Item, Received, Request, Timing, Transport, chases,
+};
+use quorumlock::__private::core::quorum::{deadline, quorum, safe_span};
+use quorumlock::__private::core::round::{Decision, Kind, Round};
+use quorumlock::__private::core::session::Login;
+use quorumlock::__private::core::token::{Token, TokenSource};
+use quorumlock::{Limits, NodeError, Outcome};
+use std::collections::{HashSet, VecDeque};
+use std::io::ErrorKind;
+use std::time::{Duration, Instant};
+
+/// Nanoseconds per microsecond.
+pub const US: SimTime = 1_000;
+/// Nanoseconds per millisecond.
+pub const MS: SimTime = 1_000_000;
+/// The clients' drift factor.
+pub const DRIFT: f64 = 0.01;
+/// The resources clients contend for.
+pub const RESOURCES: [&[u8]; 2] = [b"sim:a", b"sim:b"];
+/// Bytes an engine's buffers may grow beyond what they held when it was built.
+pub const BUFFER_SLACK: usize = 64 * 1024;
+/// Attempts per lock before a client gives up: patient enough to be there when a
+/// lock it waits for expires.
+pub const MAX_ATTEMPTS: u32 = 6;
+/// Global time after which a scenario that has not finished is a bug (livelock).
+const HORIZON: SimTime = 20_000 * MS;
+/// Steps after which a scenario that has not finished is a bug.
+const MAX_STEPS: u64 = 1_000_000;
+
+/// Whether nodes may restart empty while a lock depends on them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Restarts keep the node down for longer than any ttl: no overlap may happen.
+    Safe,
+    /// Once per scenario, a node holding a live lock's key on a bare majority restarts
+    /// empty at once: overlaps are possible, and counted.
+    UnsafeRestart,
+}
+
+/// A clock that reads `offset + rate × global` nanoseconds.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    offset: SimTime,
+    rate: f64,
+}
+
+impl Clock {
+    /// This clock's reading at global time `g`.
+    pub fn local(&self, g: SimTime) -> SimTime {
+        self.offset + (g as f64 * self.rate) as SimTime
+    }
+
+    /// A global time at which this clock reads at least `local` (rounded late): the
+    /// end of a window, mapped conservatively, or when a local timer fires.
+    pub fn global(&self, local: SimTime) -> SimTime {
+        if local <= self.offset {
+            return 0;
+        }
+        ((local - self.offset) as f64 / self.rate).ceil() as SimTime + 1
+    }
+}
+
+/// Counters over one or many scenarios.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub scenarios: u64,
+    pub steps: u64,
+    pub attempts: u64,
+    pub locks: u64,
+    /// Attempts decided `Taken`: another client held a blocking minority.
+    pub contended: u64,
+    pub unavailable: u64,
+    /// Won, but too late to be valid.
+    pub expired: u64,
+    pub extends: u64,
+    pub extends_failed: u64,
+    pub unlocks: u64,
+    /// Locks left to expire, never unlocked.
+    pub abandoned: u64,
+    pub freezes: u64,
+    pub resets: u64,
+    pub restarts: u64,
+    pub slow_links: u64,
+    pub spikes: u64,
+    pub partial_writes: u64,
+    pub split_reads: u64,
+    pub round_timeouts: u64,
+    /// Releases owed to a node and seen handed to its connection.
+    pub releases_sent: u64,
+    /// Releases owed to a node whose connection broke before they could go.
+    pub releases_excused: u64,
+    pub max_buffer_growth: usize,
+    /// Overlapping windows found (only ever non-zero in [`Mode::UnsafeRestart`]).
+    pub overlaps: u64,
+    /// The smallest seed that showed an overlap.
+    pub overlap_seed: Option<u64>,
+    pub unsafe_restarts: u64,
+}
+
+impl Stats {
+    pub fn add(&mut self, o: &Stats) {
+        self.scenarios += o.scenarios;
+        self.steps += o.steps;
+        self.attempts += o.attempts;
+        self.locks += o.locks;
+        self.contended += o.contended;
+        self.unavailable += o.unavailable;
+        self.expired += o.expired;
+        self.extends += o.extends;
+        self.extends_failed += o.extends_failed;
+        self.unlocks += o.unlocks;
+        self.abandoned += o.abandoned;
+        self.freezes += o.freezes;
+        self.resets += o.resets;
+        self.restarts += o.restarts;
+        self.slow_links += o.slow_links;
+        self.spikes += o.spikes;
+        self.partial_writes += o.partial_writes;
+        self.split_reads += o.split_reads;
+        self.round_timeouts += o.round_timeouts;
+        self.releases_sent += o.releases_sent;
+        self.releases_excused += o.releases_excused;
+        self.max_buffer_growth = self.max_buffer_growth.max(o.max_buffer_growth);
+        self.overlaps += o.overlaps;
+        self.overlap_seed = match (self.overlap_seed, o.overlap_seed) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.unsafe_restarts += o.unsafe_restarts;
+    }
+
+    /// Faults injected, all kinds.
+    pub fn faults(&self) -> u64 {
+        self.freezes
+            + self.resets
+            + self.restarts
+            + self.slow_links
+            + self.spikes
+            + self.partial_writes
+            + self.split_reads
+            + self.unsafe_restarts
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The transport
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ConnState {
+    /// The SYN is in flight; resolved at this global time.
+    Connecting(SimTime),
+    Open(ConnId),
+    Refused,
+}
+
+/// One client-side connection to one node, with the bytes in flight both ways.
+#[derive(Debug)]
+struct Conn {
+    state: ConnState,
+    /// One-way latency.
+    lat: SimTime,
+    to_node: VecDeque<(SimTime, Vec<u8>)>,
+    last_up: SimTime,
+    from_node: VecDeque<(SimTime, Vec<u8>)>,
+    last_down: SimTime,
+    /// Arrived and not read yet: `arrived[read..]`.
+    arrived: Vec<u8>,
+    read: usize,
+    /// The node's side is gone (closed, reset, restarted): nothing more is delivered.
+    broken: bool,
+    /// When the client sees the close.
+    fin_at: Option<SimTime>,
+    /// The close has arrived (after every byte before it).
+    fin: bool,
+    /// A readable edge is pending.
+    edge: bool,
+    /// The connect was resolved (established or refused): an event is pending.
+    wake: bool,
+    writable_at: Option<SimTime>,
+}
+
+/// The engine's [`Transport`] for one client: in-memory pipes to the nodes, the client's
+/// clock at the world's current global time.
+pub struct SimTransport {
+    now: SimTime,
+    clock: Clock,
+    base: Instant,
+    rng: fastrand::Rng,
+    conns: Vec<Option<Conn>>,
+    /// Connections the client closed whose written bytes are still on their way.
+    zombies: Vec<(usize, Conn)>,
+    /// Every byte handed to each node's connections, in order, across connections.
+    sent: Vec<Vec<u8>>,
+    /// Connections to each node closed by the engine.
+    closes: Vec<u32>,
+    /// Releases written whole in one write, by node: (hash of the token, where in
+    /// `sent`). The obligation check looks here first, and searches `sent` only for
+    /// releases written in pieces.
+    releases: Vec<Vec<(u128, usize)>>,
+    p_partial_write: f64,
+    p_split_read: f64,
+    p_slow_link: f64,
+    stats: Stats,
+}
+
+impl SimTransport {
+    fn instant(&self) -> Instant {
+        self.base + Duration::from_nanos(self.clock.local(self.now))
+    }
+
+    fn local_of(&self, i: Instant) -> SimTime {
+        i.duration_since(self.base).as_nanos() as SimTime
+    }
+
+    /// The readiness event pending for `node`, if any: (readable, closed).
+    fn take_event(&mut self, node: usize) -> Option<(bool, bool)> {
+        let now = self.now;
+        let conn = self.conns[node].as_mut()?;
+        let readable = std::mem::take(&mut conn.edge);
+        let woke = std::mem::take(&mut conn.wake);
+        let writable = conn.writable_at.is_some_and(|t| t <= now);
+        if writable {
+            conn.writable_at = None;
+        }
+        if !(readable || woke || writable) {
+            return None;
+        }
+        let refused = conn.state == ConnState::Refused;
+        Some((readable || refused, conn.fin || refused))
+    }
+}
+
+impl Transport for SimTransport {
+    fn now(&mut self) -> Instant {
+        self.instant()
+    }
+
+    fn open(&mut self, node: usize) -> Result<(), NodeError> {
+        self.close_conn(node);
+        let mut lat = self.rng.u64(20 * US..200 * US);
+        if self.rng.f64() < self.p_slow_link {
+            lat = self.rng.u64(MS..4 * MS);
+            self.stats.slow_links += 1;
+        }
+        self.conns[node] = Some(Conn {
+            state: ConnState::Connecting(self.now + 2 * lat),
+            lat,
+            to_node: VecDeque::new(),
+            last_up: 0,
+            from_node: VecDeque::new(),
+            last_down: 0,
+            arrived: Vec::new(),
+            read: 0,
+            broken: false,
+            fin_at: None,
+            fin: false,
+            edge: false,
+            wake: false,
+            writable_at: None,
+        });
+        Ok(())
+    }
+
+    fn close(&mut self, node: usize) {
+        self.close_conn(node);
+    }
+
+    fn established(&mut self, node: usize) -> Result<bool, NodeError> {
+        match self.conns[node].as_ref().map(|c| c.state) {
+            Some(ConnState::Open(_)) => Ok(true),
+            Some(ConnState::Connecting(_)) => Ok(false),
+            Some(ConnState::Refused) => Err(refused()),
+            None => Err(NodeError::Closed),
+        }
+    }
+
+    fn write(&mut self, node: usize, bytes: &[u8]) -> Result<usize, NodeError> {
+        let now = self.now;
+        let Some(conn) = self.conns[node].as_mut() else {
+            return Err(NodeError::Closed);
+        };
+        match conn.state {
+            ConnState::Connecting(_) => return Ok(0),
+            ConnState::Refused => return Err(refused()),
+            ConnState::Open(_) => {}
+        }
+        if conn.fin {
+            return Err(NodeError::Io(ErrorKind::BrokenPipe, "broken pipe".into()));
+        }
+        if bytes.is_empty() {
+            return Ok(0);
+        }
+        let mut n = bytes.len();
+        if self.rng.f64() < self.p_partial_write {
+            n = self.rng.usize(0..bytes.len());
+            self.stats.partial_writes += 1;
+            conn.writable_at = Some(now + self.rng.u64(5 * US..100 * US));
+        }
+        if n > 0 {
+            let at = self.sent[node].len();
+            if n == bytes.len() && n > 34 && bytes.starts_with(b"*5\r\n$4\r\nEVAL\r\n") {
+                let token = &bytes[n - 34..n - 2];
+                self.releases[node].push((tag(token), at));
+            }
+            self.sent[node].extend_from_slice(&bytes[..n]);
+            if !conn.broken {
+                let at = (now + conn.lat + self.rng.u64(0..=conn.lat / 4)).max(conn.last_up);
+                conn.last_up = at;
+                conn.to_node.push_back((at, bytes[..n].to_vec()));
+            }
+        }
+        Ok(n)
+    }
+
+    fn read(&mut self, node: usize, buf: &mut [u8]) -> Result<Received, NodeError> {
+        let Some(conn) = self.conns[node].as_mut() else {
+            return Err(NodeError::Closed);
+        };
+        match conn.state {
+            ConnState::Connecting(_) => return Ok(Received::Nothing),
+            ConnState::Refused => return Err(refused()),
+            ConnState::Open(_) => {}
+        }
+        let avail = conn.arrived.len() - conn.read;
+        if avail == 0 {
+            return Ok(if conn.fin {
+                Received::Closed
+            } else {
+                Received::Nothing
+            });
+        }
+        let mut k = avail;
+        if avail > 1 && self.rng.f64() < self.p_split_read {
+            k = self.rng.usize(1..avail);
+            self.stats.split_reads += 1;
+        }
+        let k = k.min(buf.len());
+        if k == 0 {
+            return Ok(Received::Nothing);
+        }
+        buf[..k].copy_from_slice(&conn.arrived[conn.read..conn.read + k]);
+        conn.read += k;
+        if conn.read == conn.arrived.len() {
+            conn.arrived.clear();
+            conn.read = 0;
+        } else {
+            // The rest "arrives" later: a new edge.
+            conn.edge = true;
+        }
+        Ok(Received::Bytes(k))
+    }
+}
+
+impl SimTransport {
+    fn close_conn(&mut self, node: usize) {
+        if let Some(mut conn) = self.conns[node].take() {
+            self.closes[node] += 1;
+            // Whatever the node still sends is discarded: only the bytes written go on.
+            conn.from_node.clear();
+            conn.fin_at = None;
+            conn.writable_at = None;
+            if matches!(conn.state, ConnState::Open(_)) && !conn.broken {
+                self.zombies.push((node, conn));
+            }
+        }
+    }
+}
+
+fn refused() -> NodeError {
+    NodeError::Io(ErrorKind::ConnectionRefused, "connection refused".into())
+}
+
+// ---------------------------------------------------------------------------------------
+// Clients
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Starts its next operation at this global time.
+    Idle(SimTime),
+    /// A round is in progress; times out at this global time.
+    Round {
+        start: Instant,
+        timeout: SimTime,
+    },
+    /// Holds the lock until this global time, then extends or unlocks.
+    Holding(SimTime),
+    Done,
+}
+
+#[derive(Clone, Debug)]
+struct Held {
+    token: Token,
+    deadline: Instant,
+    written: u64,
+    /// Index into the world's holds.
+    hold: usize,
+    /// Each node's close count when the SET was handed over.
+    closes: Vec<u32>,
+    extended: bool,
+}
+
+struct Client {
+    engine: Engine,
+    transport: SimTransport,
+    round: Round,
+    tokens: TokenSource,
+    rng: fastrand::Rng,
+    items: [Item<'static>; 1],
+    res: usize,
+    kind: Kind,
+    ttl_ms: u64,
+    chase: u64,
+    phase: Phase,
+    lock: Option<Held>,
+    ops_left: u32,
+    attempt: u32,
+    /// Close counts and sent positions when the current round began.
+    round_closes: Vec<u32>,
+    round_sent: Vec<usize>,
+    buffered_base: usize,
+    /// The earliest global time anything of this client (its timers, its connections'
+    /// bytes) is due; 0 after a fault touched it.
+    due: SimTime,
+}
+
+impl Client {
+    fn on_event(&mut self, node: usize, readable: bool, closed: bool) {
+        let Client {
+            engine,
+            transport,
+            round,
+            items,
+            kind,
+            ttl_ms,
+            chase,
+            phase,
+            ..
+        } = self;
+        if matches!(phase, Phase::Round { .. }) && !round.is_done() {
+            let req = Request {
+                kind: *kind,
+                ttl_ms: *ttl_ms,
+                items: &items[..],
+                chase: *chase,
+            };
+            let mut active = Active { round, req: &req };
+            engine.on_event(transport, node, readable, closed, Some(&mut active));
+        } else {
+            engine.on_event(transport, node, readable, closed, None);
+        }
+    }
+
+    fn begin(&mut self, kind: Kind, token: Token, chase: u64, node_timeout: Duration) {
+        self.kind = kind;
+        self.chase = chase;
+        self.items = [Item {
+            key: RESOURCES[self.res],
+            token,
+        }];
+        self.round_closes.clone_from(&self.transport.closes);
+        self.round_sent.clear();
+        self.round_sent
+            .extend(self.transport.sent.iter().map(Vec::len));
+        let start = self.transport.instant();
+        let Client {
+            engine,
+            transport,
+            round,
+            items,
+            ttl_ms,
+            ..
+        } = self;
+        let req = Request {
+            kind,
+            ttl_ms: *ttl_ms,
+            items: &items[..],
+            chase,
+        };
+        let mut active = Active { round, req: &req };
+        engine.begin(transport, &mut active, start);
+        let local_end = transport.local_of(start) + node_timeout.as_nanos() as SimTime;
+        self.phase = Phase::Round {
+            start,
+            timeout: transport.clock.global(local_end),
+        };
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The world
+
+struct NodeBox {
+    node: SimNode,
+    clock: Clock,
+    frozen_until: SimTime,
+    down_until: SimTime,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Freeze { node: usize, dur: SimTime },
+    Reset { client: usize, node: usize },
+    Restart { node: usize },
+}
+
+/// A compare-and-delete owed to a node.
+struct Owed {
+    client: usize,
+    node: usize,
+    /// The exact bytes of the release.
+    release: Vec<u8>,
+    /// Where to look for it in the client's stream to the node.
+    from: usize,
+    /// The node's close count when the key was written.
+    closes: u32,
+}
+
+/// One seeded scenario.
+pub struct World {
+    seed: u64,
+    mode: Mode,
+    rng: fastrand::Rng,
+    now: SimTime,
+    nodes: Vec<NodeBox>,
+    clients: Vec<Client>,
+    resources: usize,
+    node_timeout: Duration,
+    restart_delay: SimTime,
+    p_spike: f64,
+    faults: VecDeque<(SimTime, Fault)>,
+    holds: Vec<Hold<usize>>,
+    /// (node, resource, hash of a value) ever seen set on a node.
+    observed: HashSet<(usize, usize, u128)>,
+    /// Per node, each resource's value as last observed.
+    seen: Vec<[Option<u128>; RESOURCES.len()]>,
+    owed: Vec<Owed>,
+    stats: Stats,
+    unsafe_done: bool,
+}
+
+/// Notes every (resource, value) `node` holds at `now`.
+/// `last` holds what was seen there before, so the set is touched only on a change.
+fn observe(
+    observed: &mut HashSet<(usize, usize, u128)>,
+    last: &mut [Option<u128>; RESOURCES.len()],
+    node: usize,
+    n: &SimNode,
+    now: SimTime,
+) {
+    for (r, key) in RESOURCES.iter().enumerate() {
+        let v = n.value(0, key, now).map(tag);
+        if v != last[r] {
+            last[r] = v;
+            if let Some(v) = v {
+                observed.insert((node, r, v));
+            }
+        }
+    }
+}
+
+/// A value's first 16 bytes: tokens are random hex, so this tells them apart.
+fn tag(bytes: &[u8]) -> u128 {
+    let mut b = [0u8; 16];
+    let n = bytes.len().min(16);
+    b[..n].copy_from_slice(&bytes[..n]);
+    u128::from_le_bytes(b)
+}
+
+impl World {
+    /// The scenario of `seed`, with every parameter drawn from it.
+    pub fn new(seed: u64, mode: Mode, base: Instant) -> World {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let n = if rng.bool() { 3 } else { 5 };
+        let clients = rng.usize(2..=4);
+        let resources = if mode == Mode::UnsafeRestart {
+            1
+        } else {
+            rng.usize(1..=RESOURCES.len())
+        };
+        let ttl_ms = rng.u64(15..=40);
+        let node_timeout = Duration::from_micros(rng.u64(2_000..=4_000));
+        let faulty = rng.u8(0..4) != 0;
+        let p = |rng: &mut fastrand::Rng, p: f64| if faulty && rng.bool() { p } else { 0.0 };
+        let p_partial_write = p(&mut rng, 0.2);
+        let p_split_read = p(&mut rng, 0.3);
+        let p_slow_link = p(&mut rng, 0.05);
+        let p_spike = p(&mut rng, 0.03);
+        let nodes = (0..n)
+            .map(|i| NodeBox {
+                node: SimNode::new(seed.wrapping_mul(31).wrapping_add(i as u64)),
+                clock: Clock {
+                    offset: rng.u64(0..1 << 40),
+                    rate: 1.0 + (rng.f64() - 0.5) * 0.01,
+                },
+                frozen_until: 0,
+                down_until: 0,
+            })
+            .collect();
+        let mut faults = Vec::new();
+        if faulty {
+            for _ in 0..rng.usize(0..=3) {
+                let at = rng.u64(0..80 * MS);
+                let fault = match rng.u8(0..10) {
+                    0..=3 => Fault::Freeze {
+                        node: rng.usize(0..n),
+                        dur: if rng.bool() {
+                            rng.u64(MS..10 * MS)
+                        } else {
+                            rng.u64(10 * MS..60 * MS)
+                        },
+                    },
+                    4..=7 => Fault::Reset {
+                        client: rng.usize(0..clients),
+                        node: rng.usize(0..n),
+                    },
+                    _ if mode == Mode::Safe => Fault::Restart {
+                        node: rng.usize(0..n),
+                    },
+                    _ => Fault::Freeze {
+                        node: rng.usize(0..n),
+                        dur: rng.u64(MS..5 * MS),
+                    },
+                };
+                faults.push((at, fault));
+            }
+        }
+        faults.sort_by_key(|f| f.0);
+        let timing = Timing {
+            node_timeout,
+            connect_timeout: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(20),
+            limits: Limits::default(),
+        };
+        let clients = (0..clients)
+            .map(|ci| {
+                let clock = Clock {
+                    offset: rng.u64(0..1 << 40),
+                    rate: 1.0 + (rng.f64() - 0.5) * 0.005,
+                };
+                let mut transport = SimTransport {
+                    now: 0,
+                    clock,
+                    base,
+                    rng: fastrand::Rng::with_seed(rng.u64(..)),
+                    conns: (0..n).map(|_| None).collect(),
+                    zombies: Vec::new(),
+                    sent: vec![Vec::new(); n],
+                    closes: vec![0; n],
+                    releases: vec![Vec::new(); n],
+                    p_partial_write,
+                    p_split_read,
+                    p_slow_link,
+                    stats: Stats::default(),
+                };
+                let now = transport.instant();
+                let mut engine = Engine::new(vec![Login::default(); n], timing, now);
+                engine.maintain(&mut transport, now);
+                let buffered_base = engine.buffered();
+                Client {
+                    engine,
+                    transport,
+                    round: Round::default(),
+                    tokens: TokenSource::from_seed(rng.u64(..), rng.u64(..)),
+                    rng: fastrand::Rng::with_seed(rng.u64(..) ^ ci as u64),
+                    items: [Item {
+                        key: RESOURCES[0],
+                        token: Token::from_bits(0),
+                    }],
+                    res: 0,
+                    kind: Kind::Acquire,
+                    ttl_ms,
+                    chase: 0,
+                    phase: Phase::Idle(rng.u64(0..8 * MS)),
+                    lock: None,
+                    ops_left: rng.u32(1..=2),
+                    attempt: 0,
+                    round_closes: vec![0; n],
+                    round_sent: vec![0; n],
+                    buffered_base,
+                    due: 0,
+                }
+            })
+            .collect();
+        World {
+            seed,
+            mode,
+            rng,
+            now: 0,
+            nodes,
+            clients,
+            resources,
+            node_timeout,
+            // Longer than any key can live on a node clock 0.5 % slow.
+            restart_delay: ttl_ms * MS * 21 / 20 + 5 * MS,
+            p_spike,
+            faults: faults.into(),
+            holds: Vec::new(),
+            observed: HashSet::new(),
+            seen: vec![[None; RESOURCES.len()]; n],
+            owed: Vec::new(),
+            stats: Stats::default(),
+            unsafe_done: false,
+        }
+    }
+
+    /// Runs the scenario to its end; returns its counters. Panics, naming the seed, on
+    /// any violated invariant (except overlaps in [`Mode::UnsafeRestart`], counted).
+    pub fn run(mut self) -> Stats {
+        let mut steps = 0u64;
+        loop {
+            steps += 1;
+            assert!(
+                steps < MAX_STEPS && self.now < HORIZON,
+                "seed {}: the scenario does not end (step {steps}, t = {} ns)",
+                self.seed,
+                self.now
+            );
+            self.apply_faults();
+            for ci in 0..self.clients.len() {
+                if self.clients[ci].due <= self.now {
+                    self.deliver(ci);
+                    self.client_step(ci);
+                    self.due(ci);
+                }
+            }
+            if self.mode == Mode::UnsafeRestart && self.maybe_unsafe_restart() {
+                for ci in 0..self.clients.len() {
+                    self.due(ci);
+                }
+            }
+            match self.next_time() {
+                Some(t) => self.now = t.max(self.now + 1),
+                None => break,
+            }
+        }
+        self.stats.steps = steps;
+        self.finish()
+    }
+
+    fn finish(mut self) -> Stats {
+        let seed = self.seed;
+        for c in &self.clients {
+            assert_eq!(c.phase, Phase::Done, "seed {seed}: a client did not finish");
+        }
+        // Every release owed was handed to its node, unless the connection broke.
+        for o in &self.owed {
+            let t = &self.clients[o.client].transport;
+            let token = tag(&o.release[o.release.len() - 34..o.release.len() - 2]);
+            let whole = t.releases[o.node]
+                .iter()
+                .any(|&(h, at)| h == token && at >= o.from);
+            // Written in pieces: look where commands start.
+            let stream = &t.sent[o.node][o.from..];
+            let pieces =
+                || memchr::memchr_iter(b'*', stream).any(|at| stream[at..].starts_with(&o.release));
+            if whole || pieces() {
+                self.stats.releases_sent += 1;
+            } else if t.closes[o.node] > o.closes {
+                self.stats.releases_excused += 1;
+            } else {
+                panic!(
+                    "seed {seed}: client {} never sent node {} the compare-and-delete it owes \
+                     (its connection stayed up)",
+                    o.client, o.node
+                );
+            }
+        }
+        let found = overlaps(&self.holds);
+        if self.mode == Mode::Safe {
+            if let Some(o) = found.first() {
+                panic!(
+                    "seed {seed}: two validity windows overlap: {:?} and {:?} share [{}, {}) ns",
+                    self.holds[o.earlier], self.holds[o.later], o.from, o.to
+                );
+            }
+        }
+        self.stats.overlaps = found.len() as u64;
+        if !found.is_empty() {
+            self.stats.overlap_seed = Some(seed);
+        }
+        self.stats.scenarios = 1;
+        for c in &self.clients {
+            self.stats.add(&c.transport.stats);
+        }
+        self.stats
+    }
+
+    fn apply_faults(&mut self) {
+        while self.faults.front().is_some_and(|f| f.0 <= self.now) {
+            let (_, fault) = self.faults.pop_front().unwrap();
+            for c in &mut self.clients {
+                c.due = 0;
+            }
+            match fault {
+                Fault::Freeze { node, dur } => {
+                    let nb = &mut self.nodes[node];
+                    nb.frozen_until = nb.frozen_until.max(self.now + dur);
+                    self.stats.freezes += 1;
+                }
+                Fault::Reset { client, node } => {
+                    let now = self.now;
+                    let t = &mut self.clients[client].transport;
+                    if let Some(conn) = t.conns[node].as_mut() {
+                        if let (ConnState::Open(id), false) = (conn.state, conn.broken) {
+                            self.nodes[node].node.close(id);
+                            conn.to_node.clear();
+                            conn.from_node.clear();
+                            conn.broken = true;
+                            conn.fin_at = Some(now + conn.lat);
+                            self.stats.resets += 1;
+                        }
+                    }
+                }
+                Fault::Restart { node } => {
+                    self.restart(node, self.restart_delay);
+                    self.stats.restarts += 1;
+                }
+            }
+        }
+    }
+
+    /// Restarts `node` empty, down for `delay`: every connection to it is reset.
+    fn restart(&mut self, node: usize, delay: SimTime) {
+        let now = self.now;
+        let nb = &mut self.nodes[node];
+        nb.node.restart();
+        nb.down_until = now + delay;
+        nb.frozen_until = 0;
+        for c in &mut self.clients {
+            let t = &mut c.transport;
+            t.zombies.retain(|(n, _)| *n != node);
+            if let Some(conn) = t.conns[node].as_mut() {
+                if matches!(conn.state, ConnState::Open(_)) && !conn.broken {
+                    conn.to_node.clear();
+                    conn.broken = true;
+                    conn.fin_at = Some((now + conn.lat).max(conn.last_down));
+                }
+            }
+        }
+    }
+
+    /// Moves `ci`'s bytes: client → node (the node runs them), node → client, connects.
+    fn deliver(&mut self, ci: usize) {
+        let now = self.now;
+        let spike = self.p_spike;
+        let nt = self.node_timeout.as_nanos() as SimTime;
+        {
+            let t = &mut self.clients[ci].transport;
+            for node in 0..self.nodes.len() {
+                let nb = &mut self.nodes[node];
+                let Some(conn) = t.conns[node].as_mut() else {
+                    continue;
+                };
+                if let ConnState::Connecting(at) = conn.state {
+                    if at > now {
+                        continue;
+                    }
+                    conn.state = if nb.down_until > now {
+                        ConnState::Refused
+                    } else {
+                        ConnState::Open(nb.node.accept())
+                    };
+                    conn.wake = true;
+                }
+                let ConnState::Open(id) = conn.state else {
+                    continue;
+                };
+                if nb.frozen_until <= now && nb.down_until <= now {
+                    while conn.to_node.front().is_some_and(|d| d.0 <= now) && !conn.broken {
+                        let (_, bytes) = conn.to_node.pop_front().unwrap();
+                        let node_now = nb.clock.local(now);
+                        let fed = nb.node.feed(id, &bytes, node_now);
+                        observe(
+                            &mut self.observed,
+                            &mut self.seen[node],
+                            node,
+                            &nb.node,
+                            node_now,
+                        );
+                        let mut lat = conn.lat + t.rng.u64(0..=conn.lat / 4);
+                        if t.rng.f64() < spike {
+                            lat += t.rng.u64(nt..3 * nt);
+                            self.stats.spikes += 1;
+                        }
+                        let at = (now + lat).max(conn.last_down);
+                        if !fed.reply.is_empty() {
+                            conn.last_down = at;
+                            conn.from_node.push_back((at, fed.reply));
+                        }
+                        if fed.closed.is_some() {
+                            conn.broken = true;
+                            conn.to_node.clear();
+                            conn.fin_at = Some(at);
+                        }
+                    }
+                }
+                while conn.from_node.front().is_some_and(|d| d.0 <= now) {
+                    let (_, bytes) = conn.from_node.pop_front().unwrap();
+                    conn.arrived.extend_from_slice(&bytes);
+                    conn.edge = true;
+                }
+                if !conn.fin && conn.from_node.is_empty() && conn.fin_at.is_some_and(|f| f <= now) {
+                    conn.fin = true;
+                    conn.edge = true;
+                }
+            }
+            // Connections the client closed: deliver what was written, then close.
+            let nodes = &mut self.nodes;
+            let seen = &mut self.seen;
+            t.zombies.retain_mut(|(node, conn)| {
+                let nb = &mut nodes[*node];
+                let ConnState::Open(id) = conn.state else {
+                    return false;
+                };
+                if nb.down_until > now {
+                    return false;
+                }
+                if nb.frozen_until > now {
+                    return true;
+                }
+                while conn.to_node.front().is_some_and(|d| d.0 <= now) {
+                    let (_, bytes) = conn.to_node.pop_front().unwrap();
+                    let node_now = nb.clock.local(now);
+                    nb.node.feed(id, &bytes, node_now);
+                    observe(
+                        &mut self.observed,
+                        &mut seen[*node],
+                        *node,
+                        &nb.node,
+                        node_now,
+                    );
+                }
+                if conn.to_node.is_empty() {
+                    nb.node.close(id);
+                    return false;
+                }
+                true
+            });
+        }
+    }
+
+    /// The next global time anything is due: a fault, or some client's [`World::due`].
+    fn next_time(&self) -> Option<SimTime> {
+        let clients = self.clients.iter().map(|c| c.due);
+        let next = self
+            .faults
+            .front()
+            .map(|f| f.0)
+            .into_iter()
+            .chain(clients)
+            .min()?;
+        (next != SimTime::MAX).then_some(next)
+    }
+
+    /// Recomputes when client `ci` next has something due: a timer, or its connections'
+    /// bytes, connects, closes and writable edges.
+    fn due(&mut self, ci: usize) {
+        let nodes = &self.nodes;
+        let c = &mut self.clients[ci];
+        let mut due = match c.phase {
+            Phase::Idle(t) | Phase::Holding(t) => t,
+            Phase::Round { timeout, .. } => timeout,
+            Phase::Done => SimTime::MAX,
+        };
+        let t = &c.transport;
+        let conns = t
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.as_ref().map(|c| (i, c)))
+            .chain(t.zombies.iter().map(|(i, c)| (*i, c)));
+        for (node, conn) in conns {
+            if let ConnState::Connecting(t) = conn.state {
+                due = due.min(t);
+            }
+            if let Some(d) = conn.to_node.front() {
+                due = due.min(d.0.max(nodes[node].frozen_until));
+            }
+            if let Some(d) = conn.from_node.front() {
+                due = due.min(d.0);
+            }
+            if let (Some(f), false) = (conn.fin_at, conn.fin) {
+                due = due.min(f);
+            }
+            if let Some(w) = conn.writable_at {
+                due = due.min(w);
+            }
+        }
+        c.due = due;
+    }
+
+    fn client_step(&mut self, ci: usize) {
+        let seed = self.seed;
+        let n = self.nodes.len();
+        let c = &mut self.clients[ci];
+        c.transport.now = self.now;
+        let mut rounds = 0;
+        loop {
+            let mut any = false;
+            for node in 0..n {
+                if let Some((readable, closed)) = c.transport.take_event(node) {
+                    any = true;
+                    c.on_event(node, readable, closed);
+                }
+            }
+            if !any {
+                break;
+            }
+            rounds += 1;
+            assert!(rounds < 100_000, "seed {seed}: events never stop");
+        }
+        loop {
+            let c = &mut self.clients[ci];
+            match c.phase {
+                Phase::Round { timeout, .. } => {
+                    let now = c.transport.instant();
+                    if c.round.has_unstamped() {
+                        c.round.stamp(now);
+                    }
+                    if !c.round.is_done() {
+                        if self.now < timeout {
+                            break;
+                        }
+                        c.round.time_out(now);
+                        self.stats.round_timeouts += 1;
+                    }
+                    self.finish_round(ci);
+                }
+                Phase::Idle(t) if t <= self.now => self.start_op(ci),
+                Phase::Holding(t) if t <= self.now => self.after_hold(ci),
+                _ => break,
+            }
+        }
+        let c = &self.clients[ci];
+        let growth = c.engine.buffered().saturating_sub(c.buffered_base);
+        assert!(
+            growth <= BUFFER_SLACK,
+            "seed {seed}: client {ci}'s buffers grew by {growth} bytes"
+        );
+        self.stats.max_buffer_growth = self.stats.max_buffer_growth.max(growth);
+    }
+
+    fn start_op(&mut self, ci: usize) {
+        let nt = self.node_timeout;
+        let resources = self.resources;
+        let c = &mut self.clients[ci];
+        if c.ops_left == 0 {
+            c.phase = Phase::Done;
+            return;
+        }
+        if c.attempt == 0 {
+            c.res = c.rng.usize(0..resources);
+        }
+        c.attempt += 1;
+        let token = c.tokens.next_token().unwrap();
+        self.stats.attempts += 1;
+        c.begin(Kind::Acquire, token, 0, nt);
+    }
+
+    fn after_hold(&mut self, ci: usize) {
+        let nt = self.node_timeout;
+        let now = self.now;
+        let c = &mut self.clients[ci];
+        let lock = c.lock.as_ref().expect("holding without a lock");
+        let valid = c.transport.instant() < lock.deadline;
+        match c.rng.u8(0..12) {
+            0..=3 if valid && !lock.extended => {
+                let token = lock.token;
+                c.begin(Kind::Extend, token, 0, nt);
+                return;
+            }
+            // Never unlocked (the client lost interest, or crashed in the critical
+            // section): the lock ends with its deadline, the keys with their ttl, and the
+            // others, patient, take it right after.
+            4..=6 => {
+                c.lock = None;
+                c.ops_left -= 1;
+                c.phase = Phase::Idle(now + c.rng.u64(0..3 * MS));
+                self.stats.abandoned += 1;
+                return;
+            }
+            _ => {}
+        }
+        self.unlock(ci, now);
+    }
+
+    fn unlock(&mut self, ci: usize, now: SimTime) {
+        let nt = self.node_timeout;
+        let c = &mut self.clients[ci];
+        let lock = c.lock.as_ref().expect("unlock without a lock");
+        let h = &mut self.holds[lock.hold];
+        h.valid_until = h.valid_until.min(now);
+        let (token, written) = (lock.token, lock.written);
+        c.begin(Kind::Release, token, written, nt);
+    }
+
+    /// Owes `node`s in `mask` the compare-and-delete of the current item.
+    fn owe(&mut self, ci: usize, mask: u64, closes: &[u32]) {
+        let c = &self.clients[ci];
+        let item = c.items[0];
+        let mut release = Vec::new();
+        encode(
+            &mut release,
+            Cmd::Release { by_sha: false },
+            item.key,
+            &item.token,
+        );
+        for (node, &closes) in closes.iter().enumerate() {
+            if chases(mask, node) {
+                self.owed.push(Owed {
+                    client: ci,
+                    node,
+                    release: release.clone(),
+                    from: c.transport.sent[node].len(),
+                    closes,
+                });
+            }
+        }
+    }
+
+    /// The yes votes of a won slot: at least a quorum, of distinct nodes, each from a node
+    /// that held this key with this token.
+    fn check_won(&self, ci: usize) {
+        let seed = self.seed;
+        let c = &self.clients[ci];
+        let n = self.nodes.len();
+        let token = tag(c.items[0].token.as_bytes());
+        let yes: Vec<usize> = (0..n)
+            .filter(|&node| c.round.vote(node, 0) == Some(Outcome::Locked))
+            .collect();
+        assert!(
+            yes.len() >= quorum(n) && c.round.yes(0) == yes.len(),
+            "seed {seed}: client {ci} won {:?} with yes votes from {yes:?} (tally {})",
+            c.kind,
+            c.round.yes(0)
+        );
+        for &node in &yes {
+            assert!(
+                self.observed.contains(&(node, c.res, token)),
+                "seed {seed}: client {ci}'s {:?} counted a yes from node {node}, which never \
+                 held the key with its token",
+                c.kind
+            );
+        }
+    }
+
+    fn finish_round(&mut self, ci: usize) {
+        let seed = self.seed;
+        let now = self.now;
+        let c = &mut self.clients[ci];
+        let Phase::Round { start, .. } = c.phase else {
+            unreachable!()
+        };
+        let decided = c.round.decided_at(0).unwrap_or_else(|| {
+            panic!("seed {seed}: client {ci}: a decision was not stamped");
+        });
+        let ttl = Duration::from_millis(c.ttl_ms);
+        let decision = c.round.decision(0);
+        match c.kind {
+            Kind::Acquire => {
+                if decision == Decision::Won {
+                    self.check_won(ci);
+                }
+                let c = &mut self.clients[ci];
+                let safe = safe_span(ttl, DRIFT).expect("ttl within drift");
+                let end = start + safe;
+                if decision == Decision::Won && decided < end {
+                    let limit = deadline(start, ttl, DRIFT).unwrap();
+                    assert!(
+                        end <= limit,
+                        "seed {seed}: deadline past start + ttl − drift"
+                    );
+                    assert!(
+                        end <= start + ttl - quorumlock::__private::core::quorum::drift(ttl, DRIFT)
+                    );
+                    let valid_until = c.transport.clock.global(c.transport.local_of(end));
+                    self.holds.push(Hold {
+                        client: ci,
+                        resource: c.res,
+                        acquired_at: now,
+                        valid_until,
+                    });
+                    c.lock = Some(Held {
+                        token: c.items[0].token,
+                        deadline: end,
+                        written: c.engine.written(),
+                        hold: self.holds.len() - 1,
+                        closes: c.round_closes.clone(),
+                        extended: false,
+                    });
+                    c.attempt = 0;
+                    let hold_for = c.rng.u64(0..safe.as_nanos() as SimTime * 6 / 5);
+                    c.phase = Phase::Holding(now + hold_for);
+                    self.stats.locks += 1;
+                    return;
+                }
+                match decision {
+                    Decision::Won => self.stats.expired += 1,
+                    Decision::Taken => self.stats.contended += 1,
+                    _ => self.stats.unavailable += 1,
+                }
+                let written = c.engine.written();
+                let closes = c.round_closes.clone();
+                self.owe(ci, written, &closes);
+                let c = &mut self.clients[ci];
+                let Client {
+                    engine,
+                    transport,
+                    items,
+                    ..
+                } = c;
+                engine.release_lost(transport, &items[..], &[0]);
+                if c.attempt >= MAX_ATTEMPTS {
+                    c.attempt = 0;
+                    c.ops_left -= 1;
+                }
+                let wait = c
+                    .tokens
+                    .jitter(Duration::from_millis(3), Duration::from_millis(2));
+                c.phase = Phase::Idle(now + wait.as_nanos() as SimTime);
+            }
+            Kind::Extend => {
+                if decision == Decision::Won {
+                    self.check_won(ci);
+                }
+                let c = &mut self.clients[ci];
+                let written = c.engine.written();
+                let lock = c.lock.as_mut().unwrap();
+                lock.extended = true;
+                lock.written |= written;
+                let new_deadline = deadline(start, ttl, DRIFT);
+                let ok = match (decision, new_deadline) {
+                    (Decision::Won, Some(end)) if decided < lock.deadline && decided < end => {
+                        Some(end)
+                    }
+                    _ => None,
+                };
+                let h = &mut self.holds[lock.hold];
+                match ok {
+                    Some(end) => {
+                        lock.deadline = end;
+                        h.valid_until = c.transport.clock.global(c.transport.local_of(end));
+                        self.stats.extends += 1;
+                        let safe = safe_span(ttl, DRIFT).unwrap();
+                        let hold_for = c.rng.u64(0..safe.as_nanos() as SimTime);
+                        c.phase = Phase::Holding(now + hold_for);
+                    }
+                    None => {
+                        let shorter = new_deadline.unwrap_or(start).min(lock.deadline);
+                        lock.deadline = shorter;
+                        let end = c.transport.clock.global(c.transport.local_of(shorter));
+                        h.valid_until = h.valid_until.min(end.max(now));
+                        self.stats.extends_failed += 1;
+                        self.unlock(ci, now);
+                    }
+                }
+            }
+            Kind::Release => {
+                let lock = c.lock.take().unwrap();
+                let chase = c.chase;
+                self.stats.unlocks += 1;
+                // Owed from where the stream stood when the unlock began.
+                let item = c.items[0];
+                let mut release = Vec::new();
+                encode(
+                    &mut release,
+                    Cmd::Release { by_sha: false },
+                    item.key,
+                    &item.token,
+                );
+                for node in 0..self.nodes.len() {
+                    if chases(chase, node) {
+                        self.owed.push(Owed {
+                            client: ci,
+                            node,
+                            release: release.clone(),
+                            from: c.round_sent[node],
+                            closes: lock.closes[node],
+                        });
+                    }
+                }
+                c.ops_left -= 1;
+                c.phase = Phase::Idle(now + c.rng.u64(0..3 * MS));
+            }
+        }
+    }
+
+    /// Once per scenario: a node holding a live lock's key, when only a bare majority
+    /// holds it, restarts empty at once.
+    fn maybe_unsafe_restart(&mut self) -> bool {
+        if self.unsafe_done {
+            return false;
+        }
+        let q = quorum(self.nodes.len());
+        for ci in 0..self.clients.len() {
+            let c = &self.clients[ci];
+            let Some(lock) = &c.lock else { continue };
+            if c.transport.instant() >= lock.deadline {
+                continue;
+            }
+            let holders: Vec<usize> = (0..self.nodes.len())
+                .filter(|&i| {
+                    let nb = &self.nodes[i];
+                    nb.node.value(0, RESOURCES[c.res], nb.clock.local(self.now))
+                        == Some(lock.token.as_bytes())
+                })
+                .collect();
+            if holders.len() == q {
+                let victim = holders[self.rng.usize(0..holders.len())];
+                self.restart(victim, 0);
+                self.unsafe_done = true;
+                self.stats.unsafe_restarts += 1;
+                return true;
+            }
+        }
+        false
+    }
+}
