@@ -2,7 +2,7 @@
 
 use crate::config::{Builder, Settings};
 use crate::core::engine::{Item, Request};
-use crate::core::quorum::{deadline, drift, quorum, safe_span};
+use crate::core::quorum::{acquired_until, drift, extended_until, quorum, safe_span};
 use crate::core::round::{Decision, Kind, Round};
 use crate::core::token::{Token, TokenSource};
 use crate::driver::Driver;
@@ -184,14 +184,10 @@ impl Redlock {
     /// When `slot` was won in time: the lock's deadline (`start + safe`).
     #[inline]
     fn won_until(&self, slot: usize, safe: Option<Duration>, start: Instant) -> Option<Instant> {
-        if self.round.decision(slot) != Decision::Won {
-            return None;
-        }
         // Every decision is stamped before `run` returns; were one not, "now" is the
         // safe reading (the latest the decision can have been), `start` would not be.
         let decided = self.round.decided_at(slot).unwrap_or_else(Instant::now);
-        let end = start.checked_add(safe?)?;
-        (decided < end).then_some(end)
+        acquired_until(self.round.decision(slot), decided, start, safe)
     }
 
     /// Why `slot` was not won (or was won too late).
@@ -265,34 +261,24 @@ impl Redlock {
         };
         let start = self.driver.run(&mut self.round, &req);
         let written = self.driver.written();
-        let new_deadline = deadline(start, ttl, self.settings.drift_factor);
         let decided = self.round.decided_at(0).unwrap_or_else(Instant::now);
-        let result = match self.round.decision(0) {
-            Decision::Won if decided < lock.deadline() => match new_deadline {
-                Some(end) if decided < end => Ok(end),
-                _ => Err(Error::Expired(self.failure(
-                    Phase::Extend,
-                    items[0].key,
-                    0,
-                    1,
-                    start,
-                ))),
-            },
-            Decision::Won | Decision::Taken => Err(Error::Expired(self.failure(
-                Phase::Extend,
-                items[0].key,
-                0,
-                1,
-                start,
-            ))),
-            _ => Err(Error::Unavailable(self.failure(
-                Phase::Extend,
-                items[0].key,
-                0,
-                1,
-                start,
-            ))),
+        let decision = self.round.decision(0);
+        let verdict = extended_until(
+            decision,
+            decided,
+            start,
+            ttl,
+            self.settings.drift_factor,
+            lock.deadline(),
+        );
+        let error = |rl: &Redlock| {
+            let failure = rl.failure(Phase::Extend, items[0].key, 0, 1, start);
+            match decision {
+                Decision::Won | Decision::Taken => Error::Expired(failure),
+                _ => Error::Unavailable(failure),
+            }
         };
+        let result = verdict.map_err(|keep| (keep, error(self)));
         // Succeeded or not, the extend may apply on these nodes: the unlock follows it.
         lock.add_written(written);
         match result {
@@ -300,8 +286,8 @@ impl Redlock {
                 lock.renew(ttl, start, end);
                 Ok(())
             }
-            Err(e) => {
-                lock.shorten(new_deadline.unwrap_or(start));
+            Err((keep, e)) => {
+                lock.shorten(keep);
                 Err(e)
             }
         }

@@ -1,5 +1,6 @@
 //! Quorum size, clock drift and lock validity (the arithmetic of the Redlock spec, step 3-4).
 
+use super::round::Decision;
 use std::time::{Duration, Instant};
 
 /// The majority of `n` nodes: `n / 2 + 1`.
@@ -58,6 +59,72 @@ pub fn deadline(start: Instant, ttl: Duration, drift_factor: f64) -> Option<Inst
 pub fn safe_span(ttl: Duration, drift_factor: f64) -> Option<Duration> {
     ttl.checked_sub(drift(ttl, drift_factor))
         .filter(|safe| !safe.is_zero())
+}
+
+/// An acquire's verdict: the lock's deadline, `start + safe`, when the round was won
+/// (`decision`) at `decided`, before that deadline; `None` otherwise (lost, or won too
+/// late to leave any validity). `safe` is [`safe_span`] of the ttl.
+///
+/// # Example
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use quorumlock::__private::core::{quorum::acquired_until, round::Decision};
+///
+/// let start = Instant::now();
+/// let safe = Some(Duration::from_millis(98));
+/// let early = start + Duration::from_millis(5);
+/// assert_eq!(acquired_until(Decision::Won, early, start, safe), Some(start + Duration::from_millis(98)));
+/// let late = start + Duration::from_millis(98);
+/// assert_eq!(acquired_until(Decision::Won, late, start, safe), None);
+/// assert_eq!(acquired_until(Decision::Taken, early, start, safe), None);
+/// ```
+pub fn acquired_until(
+    decision: Decision,
+    decided: Instant,
+    start: Instant,
+    safe: Option<Duration>,
+) -> Option<Instant> {
+    if decision != Decision::Won {
+        return None;
+    }
+    let end = start.checked_add(safe?)?;
+    (decided < end).then_some(end)
+}
+
+/// An extend's verdict, for a lock valid until `current`: `Ok(new deadline)` when the
+/// round was won at `decided`, before both `current` and the new deadline
+/// (`start + ttl − drift`); otherwise `Err(deadline the lock keeps)`, which is never
+/// later than `current`, and earlier when nodes that took the new ttl may now expire
+/// sooner.
+///
+/// # Example
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use quorumlock::__private::core::{quorum::extended_until, round::Decision};
+///
+/// let t = Instant::now();
+/// let ms = Duration::from_millis;
+/// let current = t + ms(50);
+/// // Won in time: the new deadline, start + 100 ms − 3 ms of drift.
+/// assert_eq!(extended_until(Decision::Won, t + ms(1), t, ms(100), 0.01, current), Ok(t + ms(97)));
+/// // Lost with a shorter ttl: the lock keeps the earlier of the two deadlines.
+/// assert_eq!(extended_until(Decision::Taken, t + ms(1), t, ms(20), 0.01, current), Err(t + ms(17) + Duration::from_micros(800)));
+/// ```
+pub fn extended_until(
+    decision: Decision,
+    decided: Instant,
+    start: Instant,
+    ttl: Duration,
+    drift_factor: f64,
+    current: Instant,
+) -> Result<Instant, Instant> {
+    let new_deadline = deadline(start, ttl, drift_factor);
+    match new_deadline {
+        Some(end) if decision == Decision::Won && decided < current && decided < end => Ok(end),
+        _ => Err(new_deadline.unwrap_or(start).min(current)),
+    }
 }
 
 /// Remaining validity at `now`, or `None` when the lock is no longer valid.

@@ -52,7 +52,9 @@ use quorumlock::__private::core::command::{Cmd, encode};
 use quorumlock::__private::core::engine::{
     Active, Engine, Item, Received, Request, Timing, Transport, chases,
 };
-use quorumlock::__private::core::quorum::{deadline, quorum, safe_span};
+use quorumlock::__private::core::quorum::{
+    acquired_until, deadline, extended_until, quorum, safe_span,
+};
 use quorumlock::__private::core::round::{Decision, Kind, Round};
 use quorumlock::__private::core::session::Login;
 use quorumlock::__private::core::token::{Token, TokenSource};
@@ -1215,8 +1217,8 @@ impl World {
                 }
                 let c = &mut self.clients[ci];
                 let safe = safe_span(ttl, DRIFT).expect("ttl within drift");
-                let end = start + safe;
-                if decision == Decision::Won && decided < end {
+                // The library's own verdict (`Redlock::try_lock` uses the same function).
+                if let Some(end) = acquired_until(decision, decided, start, Some(safe)) {
                     let limit = deadline(start, ttl, DRIFT).unwrap();
                     assert!(
                         end <= limit,
@@ -1280,16 +1282,15 @@ impl World {
                 let lock = c.lock.as_mut().unwrap();
                 lock.extended = true;
                 lock.written |= written;
-                let new_deadline = deadline(start, ttl, DRIFT);
-                let ok = match (decision, new_deadline) {
-                    (Decision::Won, Some(end)) if decided < lock.deadline && decided < end => {
-                        Some(end)
-                    }
-                    _ => None,
-                };
+                // The library's own verdict (`Redlock::extend` uses the same function).
+                let verdict = extended_until(decision, decided, start, ttl, DRIFT, lock.deadline);
                 let h = &mut self.holds[lock.hold];
-                match ok {
-                    Some(end) => {
+                match verdict {
+                    Ok(end) => {
+                        assert!(
+                            Some(end) == deadline(start, ttl, DRIFT) && decided < end,
+                            "seed {seed}: an extend's deadline past start + ttl − drift"
+                        );
                         lock.deadline = end;
                         h.valid_until = c.transport.clock.global(c.transport.local_of(end));
                         self.stats.extends += 1;
@@ -1297,8 +1298,11 @@ impl World {
                         let hold_for = c.rng.u64(0..safe.as_nanos() as SimTime);
                         c.phase = Phase::Holding(now + hold_for);
                     }
-                    None => {
-                        let shorter = new_deadline.unwrap_or(start).min(lock.deadline);
+                    Err(shorter) => {
+                        assert!(
+                            shorter <= lock.deadline,
+                            "seed {seed}: a failed extend lengthened"
+                        );
                         lock.deadline = shorter;
                         let end = c.transport.clock.global(c.transport.local_of(shorter));
                         h.valid_until = h.valid_until.min(end.max(now));
