@@ -227,7 +227,49 @@ const fn sha_head(args: u8, sha: &[u8; 40]) -> [u8; 72] {
     out
 }
 
-const fn copy_into(out: &mut [u8; 72], at: usize, bytes: &[u8]) -> usize {
+/// `*5\r\n$4\r\nEVAL\r\n$<n>\r\n<release script>\r\n$1\r\n1\r\n$`, built at compile time:
+/// every unlock sends the script itself, so its head is one copy, like the digests'.
+const RELEASE_EVAL_HEAD_KEY: [u8; RELEASE_EVAL_HEAD_LEN] = {
+    let body = script::RELEASE;
+    let mut out = [0u8; RELEASE_EVAL_HEAD_LEN];
+    let mut at = copy_into(&mut out, 0, b"*5\r\n");
+    at = copy_into(&mut out, at, EVAL_HEAD);
+    at = copy_into(&mut out, at, b"$");
+    // The script's length, in decimal.
+    let digits = const_digits(body.len());
+    let mut i = 0;
+    let mut v = body.len();
+    while i < digits {
+        out[at + digits - 1 - i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        i += 1;
+    }
+    at += digits;
+    at = copy_into(&mut out, at, b"\r\n");
+    at = copy_into(&mut out, at, body);
+    at = copy_into(&mut out, at, ONE_KEY);
+    copy_into(&mut out, at, b"$");
+    out
+};
+const RELEASE_EVAL_HEAD_LEN: usize = 4
+    + EVAL_HEAD.len()
+    + 1
+    + const_digits(script::RELEASE.len())
+    + 2
+    + script::RELEASE.len()
+    + ONE_KEY.len()
+    + 1;
+
+const fn const_digits(mut v: usize) -> usize {
+    let mut n = 1;
+    while v >= 10 {
+        v /= 10;
+        n += 1;
+    }
+    n
+}
+
+const fn copy_into<const N: usize>(out: &mut [u8; N], at: usize, bytes: &[u8]) -> usize {
     let mut i = 0;
     while i < bytes.len() {
         out[at + i] = bytes[i];
@@ -293,11 +335,7 @@ impl Parts {
                 w.script(false, script::EXTEND, script::EXTEND_SHA);
                 w.put(b"$");
             }
-            Cmd::Release { by_sha: false } => {
-                w.put(b"*5\r\n");
-                w.script(false, script::RELEASE, script::RELEASE_SHA);
-                w.put(b"$");
-            }
+            Cmd::Release { by_sha: false } => w.put(&RELEASE_EVAL_HEAD_KEY),
         }
         w.decimal(key.len() as u64, self.key_digits);
         w.put(b"\r\n");
