@@ -513,21 +513,27 @@ trait Contender: Send {
 /// and not waited for; its replies are read by the next round (see [`FanOut`]). No token
 /// per attempt, no clock, no validity: one fixed token per thread (a connection runs its
 /// commands in order, so an earlier attempt's delete cannot meet a later attempt's key).
+///
+/// With `wait_cleanup`, a lost attempt waits for all 5 replies to its delete before the
+/// next attempt (what rslock does, and quorumlock did before issue #9 section 4): a
+/// reference row, to show what not waiting does under contention.
 struct FloorLock {
     net: FanOut,
     set: Vec<u8>,
     rel: Vec<u8>,
     quorum: usize,
+    wait_cleanup: bool,
 }
 
 impl FloorLock {
-    fn new(ports: &[u16], key: &str, thread: usize) -> FloorLock {
+    fn new(ports: &[u16], key: &str, thread: usize, wait_cleanup: bool) -> FloorLock {
         let token = format!("{thread:032x}");
         FloorLock {
             net: FanOut::connect(ports),
             set: set_cmd(key, token.as_bytes()),
             rel: release_cmd(key, token.as_bytes()),
             quorum: ports.len() / 2 + 1,
+            wait_cleanup,
         }
     }
 }
@@ -535,7 +541,8 @@ impl FloorLock {
 impl Contender for FloorLock {
     fn attempt(&mut self) -> bool {
         let quorum = self.quorum;
-        let nays_to_lose = self.net.streams.len() - quorum + 1;
+        let n = self.net.streams.len();
+        let nays_to_lose = n - quorum + 1;
         let (mut yes, mut no) = (0, 0);
         self.net.send(&self.set);
         self.net.read_until(|i, c| {
@@ -548,14 +555,17 @@ impl Contender for FloorLock {
         });
         let won = yes >= quorum;
         self.net.send(&self.rel);
-        if won {
-            let mut answered = 0;
-            self.net.read_until(|i, c| {
-                assert_eq!(c, b':', "floor lock: release reply from node {i}");
-                answered += 1;
-                answered >= quorum
-            });
-        }
+        let need = match (won, self.wait_cleanup) {
+            (true, _) => quorum,
+            (false, true) => n,
+            (false, false) => return false,
+        };
+        let mut answered = 0;
+        self.net.read_until(|i, c| {
+            assert_eq!(c, b':', "floor lock: release reply from node {i}");
+            answered += 1;
+            answered >= need
+        });
         won
     }
 }
@@ -636,12 +646,15 @@ struct Contention {
     secs: f64,
 }
 
-impl Contention {
-    fn add(&mut self, o: Contention) {
-        self.won += o.won;
-        self.attempts += o.attempts;
-        self.secs += o.secs;
+fn add(a: Contention, b: Contention) -> Contention {
+    Contention {
+        won: a.won + b.won,
+        attempts: a.attempts + b.attempts,
+        secs: a.secs + b.secs,
     }
+}
+
+impl Contention {
     fn locks_per_s(&self) -> f64 {
         self.won as f64 / self.secs.max(1e-9)
     }
@@ -681,6 +694,8 @@ fn contend_slice<C: Contender>(clients: &mut [C], secs: f64) -> Contention {
 
 struct ContentionResult {
     floor: Contention,
+    /// The floor whose lost attempts wait for their delete.
+    floor_wait: Contention,
     ql: Contention,
     /// Per slice pair: quorumlock's locks/s over the floor's.
     slice_ratios: Vec<f64>,
@@ -688,27 +703,32 @@ struct ContentionResult {
     ql_failures: (u64, Option<String>),
 }
 
-/// `CONTEND_THREADS` threads on one key, the quorum floor's and quorumlock's slices
-/// alternating (each row its own key), `secs` per row in all.
+/// `CONTEND_THREADS` threads on one key, the rows' slices alternating (each row its own
+/// key), `secs` per row in all.
 fn contention(ports: &[u16], urls: &[String], secs: f64) -> ContentionResult {
     let mut floor: Vec<FloorLock> = (0..CONTEND_THREADS)
-        .map(|t| FloorLock::new(ports, "cmp:contend:floor", t))
+        .map(|t| FloorLock::new(ports, "cmp:contend:floor", t, false))
+        .collect();
+    let mut floor_wait: Vec<FloorLock> = (0..CONTEND_THREADS)
+        .map(|t| FloorLock::new(ports, "cmp:contend:floor-wait", t, true))
         .collect();
     let mut ql: Vec<QlContender> = (0..CONTEND_THREADS)
         .map(|t| QlContender::new(urls, "cmp:contend:ql", t))
         .collect();
     contend_slice(&mut floor, 0.25);
+    contend_slice(&mut floor_wait, 0.25);
     contend_slice(&mut ql, 0.25);
     let slices = ((secs / CONTEND_SLICE_SECS).round() as usize).max(1);
     let slice = secs / slices as f64;
-    let (mut f, mut q) = (Contention::default(), Contention::default());
+    let (mut f, mut fw, mut q) = Default::default();
     let mut slice_ratios = Vec::with_capacity(slices);
     for _ in 0..slices {
         let a = contend_slice(&mut floor, slice);
         let b = contend_slice(&mut ql, slice);
+        fw = add(fw, contend_slice(&mut floor_wait, slice));
         slice_ratios.push(b.locks_per_s() / a.locks_per_s().max(1e-9));
-        f.add(a);
-        q.add(b);
+        f = add(f, a);
+        q = add(q, b);
     }
     let mut ql_failures = (0, None);
     for c in &ql {
@@ -720,6 +740,7 @@ fn contention(ports: &[u16], urls: &[String], secs: f64) -> ContentionResult {
     }
     ContentionResult {
         floor: f,
+        floor_wait: fw,
         ql: q,
         slice_ratios,
         slices,
@@ -1165,6 +1186,11 @@ fn full(cfg: &Config) {
             0,
         ),
         ("quorumlock (`try_lock` + `unlock`)", &c.ql, c.ql_failures.0),
+        (
+            "reference: quorum floor whose lost attempt waits for its delete (5 of 5)",
+            &c.floor_wait,
+            0,
+        ),
     ] {
         println!(
             "| {name} | {} | {} | {} | {} | {failed} |",
