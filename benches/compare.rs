@@ -8,14 +8,25 @@
 //! ```
 //!
 //! Rows of the latency table run interleaved: for each iteration, one cycle of every row
-//! in turn, so scheduling noise on a shared machine hits all rows alike. The ratio we
-//! quote is the median over iterations of `row_i / floor_i` (per-pair ratios).
+//! in turn, so scheduling noise on a shared machine hits all rows alike. Ratios are
+//! medians over iterations of `row_i / base_i` (per-pair ratios), and p50 over base p50.
 //!
 //! `floor` is the least work possible: 5 non-blocking sockets under one `mio::Poll`,
 //! pre-encoded commands written to all 5, then polled until 5 CRLF-terminated replies are
-//! in. `sequential` is the same commands, node after node, on blocking sockets.
+//! in. `floor, quorum` (the quorum floor) is the same, returning from acquire and release
+//! alike at 3 of 5 replies, as quorumlock does; its late replies are read during the next
+//! round on those connections. The ratio columns compare every row with it first.
+//! `sequential` is the same commands, node after node, on blocking sockets.
 //!
-//! `--count-mode ROW N` runs only `ROW` (`floor` or `quorumlock`) for N cycles after a
+//! Contention: 4 threads, ONE shared key, no backoff (one attempt; lost, the next at once;
+//! won, the unlock at once), each thread its own client, fixed time, the rows' slices
+//! alternating: the quorum floor as a lock (SET NX PX to all, won at 3 yes, lost at 3
+//! nils; release returning at 3; after a lost attempt the compare-and-delete to every
+//! node, not waited for), quorumlock (`try_lock` + `unlock`, retry_count 0), and for
+//! reference the quorum floor whose lost attempt waits for its delete. Successful locks
+//! per second, and quorumlock's over the quorum floor's.
+//!
+//! `--count-mode ROW N` runs only `ROW` (`floor`, `floor-quorum`, `quorumlock`, ...) for N cycles after a
 //! fixed warm-up, against the nodes in `COMPARE_PORTS` (comma-separated; started by
 //! `scripts/bench-counts.sh`, so they are not traced) or, if unset, 5 nodes it starts
 //! itself. It prints the allocations of the measured phase. Run it with two values of N
