@@ -8,21 +8,33 @@
 //! ```
 //!
 //! Rows of the latency table run interleaved: for each iteration, one cycle of every row
-//! in turn, so scheduling noise on a shared machine hits all rows alike. The ratio we
-//! quote is the median over iterations of `row_i / floor_i` (per-pair ratios).
+//! in turn, so scheduling noise on a shared machine hits all rows alike. Ratios are
+//! medians over iterations of `row_i / base_i` (per-pair ratios), and p50 over base p50.
 //!
 //! `floor` is the least work possible: 5 non-blocking sockets under one `mio::Poll`,
 //! pre-encoded commands written to all 5, then polled until 5 CRLF-terminated replies are
-//! in. `sequential` is the same commands, node after node, on blocking sockets.
+//! in. `floor, quorum` (the quorum floor) is the same, returning from acquire and release
+//! alike at 3 of 5 replies, as quorumlock does; its late replies are read during the next
+//! round on those connections. The ratio columns compare every row with it first.
+//! `sequential` is the same commands, node after node, on blocking sockets.
 //!
-//! `--count-mode ROW N` runs only `ROW` (`floor` or `quorumlock`) for N cycles after a
+//! Contention: 4 threads, ONE shared key, no backoff (one attempt; lost, the next at once;
+//! won, the unlock at once), each thread its own client, fixed time, the rows' slices
+//! alternating: the quorum floor as a lock (SET NX PX to all, won at 3 yes, lost at 3
+//! nils; release returning at 3; after a lost attempt the compare-and-delete to every
+//! node, not waited for), quorumlock (`try_lock` + `unlock`, retry_count 0), and for
+//! reference the quorum floor whose lost attempt waits for its delete. Successful locks
+//! per second, and quorumlock's over the quorum floor's.
+//!
+//! `--count-mode ROW N` runs only `ROW` (`floor`, `floor-quorum`, `quorumlock`, ...) for N cycles after a
 //! fixed warm-up, against the nodes in `COMPARE_PORTS` (comma-separated; started by
 //! `scripts/bench-counts.sh`, so they are not traced) or, if unset, 5 nodes it starts
 //! itself. It prints the allocations of the measured phase. Run it with two values of N
 //! under `strace -c` / `valgrind --tool=callgrind` and divide the difference.
 //!
 //! Environment: `COMPARE_ITERS` (interleaved iterations, default 20000; 2000 quick),
-//! `COMPARE_SECS` (seconds per fixed-time run, default 2; 0.5 quick), `COMPARE_QUICK=1`,
+//! `COMPARE_SECS` (seconds per fixed-time run, default 2; 0.5 quick), `COMPARE_CONTEND_SECS`
+//! (seconds per row of the contention run, default 6; 1 quick), `COMPARE_QUICK=1`,
 //! `COMPARE_BENCH_N` (redis-benchmark requests, default 200000; 50000 quick).
 
 #[path = "../tests/common/mod.rs"]
@@ -32,7 +44,7 @@ use common::Cluster;
 use mio::{Events, Interest, Poll, Token};
 use quorumlock::__private::core::script::{RELEASE, RELEASE_SHA};
 use quorumlock::__private::resp::encode;
-use quorumlock::{Lock, Redlock};
+use quorumlock::{Error, Lock, Redlock};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -100,6 +112,8 @@ struct Config {
     quick: bool,
     iters: usize,
     secs: f64,
+    /// Seconds per row of the contention run.
+    contend_secs: f64,
     bench_n: u64,
 }
 
@@ -118,6 +132,7 @@ impl Config {
             quick,
             iters: env_num("COMPARE_ITERS").unwrap_or(if quick { 2000 } else { 20_000 }),
             secs: env_num("COMPARE_SECS").unwrap_or(if quick { 0.5 } else { 2.0 }),
+            contend_secs: env_num("COMPARE_CONTEND_SECS").unwrap_or(if quick { 1.0 } else { 6.0 }),
             bench_n: env_num("COMPARE_BENCH_N").unwrap_or(if quick { 50_000 } else { 200_000 }),
         }
     }
@@ -126,26 +141,20 @@ impl Config {
 // ---------------------------------------------------------------------------------------
 // Raw commands.
 
-fn set_cmd(key: &str) -> Vec<u8> {
+fn set_cmd(key: &str, token: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     encode::command(
         &mut out,
-        &[&b"SET"[..], key.as_bytes(), RAW_TOKEN, b"NX", b"PX", TTL_MS],
+        &[&b"SET"[..], key.as_bytes(), token, b"NX", b"PX", TTL_MS],
     );
     out
 }
 
-fn release_cmd(key: &str) -> Vec<u8> {
+fn release_cmd(key: &str, token: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     encode::command(
         &mut out,
-        &[
-            &b"EVALSHA"[..],
-            RELEASE_SHA,
-            b"1",
-            key.as_bytes(),
-            RAW_TOKEN,
-        ],
+        &[&b"EVALSHA"[..], RELEASE_SHA, b"1", key.as_bytes(), token],
     );
     out
 }
@@ -203,14 +212,17 @@ trait Row {
     }
 }
 
-/// The floor: 5 non-blocking sockets under one `Poll`, pre-encoded commands.
+/// The raw fan-out under every floor: 5 non-blocking sockets under one `Poll`,
+/// pre-encoded commands written whole, replies counted as `\n`-terminated lines.
 ///
-/// A round writes the command to every node, then reads until `need` nodes have
-/// answered everything they owe (5 for the `floor` row; 3 for the acquire of the
-/// `floor, acquire at quorum` row, whose 2 late replies are then read during the next
-/// round, as the library does). Parsing is counting `\n`-terminated lines and checking
-/// each is a success (`+OK` or `:1`), not an error or a nil.
-struct Floor {
+/// Every command is answered by exactly one line (`+OK`, `$-1` for a nil, `:1`, `:0`),
+/// so a node's replies are told apart by counting: `owed[i]` is how many node `i` still
+/// owes, and the line that brings it to 0 answers the latest command. The earlier lines
+/// are late replies of commands that did not wait for them (a call that returned at 3
+/// of 5, a release written after a lost attempt): they are read and checked, never
+/// waited for, before that node's reply to the latest command, in the order Redis sent
+/// them (it runs a connection's commands in order).
+struct FanOut {
     poll: Poll,
     events: Events,
     streams: Vec<mio::net::TcpStream>,
@@ -219,17 +231,10 @@ struct Floor {
     len: Vec<usize>,
     /// Replies node i still owes.
     owed: Vec<u32>,
-    set: Vec<u8>,
-    rel: Vec<u8>,
-    acquire_need: usize,
 }
 
-impl Floor {
-    fn new(ports: &[u16], key: &str) -> Floor {
-        Floor::with_quorum(ports, key, ports.len())
-    }
-
-    fn with_quorum(ports: &[u16], key: &str, acquire_need: usize) -> Floor {
+impl FanOut {
+    fn connect(ports: &[u16]) -> FanOut {
         let poll = Poll::new().expect("epoll");
         let streams = ports
             .iter()
@@ -245,30 +250,35 @@ impl Floor {
                 s
             })
             .collect();
-        Floor {
+        FanOut {
             poll,
             events: Events::with_capacity(16),
             streams,
             bufs: vec![[0; 256]; ports.len()],
             len: vec![0; ports.len()],
             owed: vec![0; ports.len()],
-            set: set_cmd(key),
-            rel: release_cmd(key),
-            acquire_need,
         }
     }
 
-    /// Writes the command to every node, then reads until `need` nodes owe nothing.
-    fn round(&mut self, acquire: bool, need: usize) {
-        let cmd = if acquire { &self.set } else { &self.rel };
+    /// Writes `cmd` to every node.
+    #[inline]
+    fn send(&mut self, cmd: &[u8]) {
         for (s, owed) in self.streams.iter_mut().zip(&mut self.owed) {
             // An empty loopback socket buffer always takes a ~100-byte command whole.
             let n = s.write(cmd).expect("floor write");
             assert_eq!(n, cmd.len(), "short write");
             *owed += 1;
         }
-        let mut done = 0;
-        while done < need {
+    }
+
+    /// Reads until `reply(node, first byte)`, called once per node with the first byte of
+    /// its reply to the latest command, returns true. Late replies before it are checked
+    /// (no error) and skipped. The whole of every read is processed, so `reply` may be
+    /// called again after it returned true, within the same wake-up.
+    #[inline]
+    fn read_until(&mut self, mut reply: impl FnMut(usize, u8) -> bool) {
+        let mut decided = false;
+        while !decided {
             self.poll
                 .poll(&mut self.events, Some(Duration::from_secs(5)))
                 .expect("poll");
@@ -286,10 +296,11 @@ impl Floor {
                             let mut start = 0;
                             while let Some(nl) = memchr::memchr(b'\n', &buf[start..end]) {
                                 let c = buf[start];
-                                assert!(c == b'+' || c == b':', "floor: reply {c:?}");
+                                assert!(c != b'-', "floor: error reply from node {i}");
+                                assert!(self.owed[i] > 0, "floor: node {i} sent unasked");
                                 self.owed[i] -= 1;
-                                if self.owed[i] == 0 {
-                                    done += 1;
+                                if self.owed[i] == 0 && reply(i, c) {
+                                    decided = true;
                                 }
                                 start += nl + 1;
                             }
@@ -307,14 +318,54 @@ impl Floor {
             }
         }
     }
+
+    /// Writes `cmd` to every node and reads until `need` nodes have answered it, each
+    /// with a success (`+OK` or `:1`; a nil or `:0` here means another client's key).
+    fn round(&mut self, cmd: &[u8], need: usize) {
+        self.send(cmd);
+        let mut done = 0;
+        self.read_until(|i, c| {
+            assert!(c == b'+' || c == b':', "floor: reply {c:?} from node {i}");
+            done += 1;
+            done >= need
+        });
+    }
+}
+
+/// The floor rows: a lock that is only its round trips.
+///
+/// The `floor` row waits, in acquire and release alike, for all 5 replies. The
+/// `floor, quorum` row returns from both at 3 of 5, as quorumlock does (the fair floor
+/// for a call that returns at a majority); its 2 late replies are read during the next
+/// round on those connections, before their reply to it (see [`FanOut`]).
+struct Floor {
+    net: FanOut,
+    set: Vec<u8>,
+    rel: Vec<u8>,
+    need: usize,
+}
+
+impl Floor {
+    fn new(ports: &[u16], key: &str) -> Floor {
+        Floor::with_quorum(ports, key, ports.len())
+    }
+
+    fn with_quorum(ports: &[u16], key: &str, need: usize) -> Floor {
+        Floor {
+            net: FanOut::connect(ports),
+            set: set_cmd(key, RAW_TOKEN),
+            rel: release_cmd(key, RAW_TOKEN),
+            need,
+        }
+    }
 }
 
 impl Row for Floor {
     fn acquire(&mut self) {
-        self.round(true, self.acquire_need);
+        self.net.round(&self.set, self.need);
     }
     fn release(&mut self) {
-        self.round(false, self.streams.len());
+        self.net.round(&self.rel, self.need);
     }
 }
 
@@ -339,8 +390,8 @@ impl Sequential {
                 })
                 .collect(),
             buf: [0; 64],
-            set: set_cmd(key),
-            rel: release_cmd(key),
+            set: set_cmd(key, RAW_TOKEN),
+            rel: release_cmd(key, RAW_TOKEN),
         }
     }
 
@@ -446,6 +497,265 @@ impl Row for Quorumlock {
     }
     fn buffered(&self) -> Option<usize> {
         Some(self.rl.buffered_bytes())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Contention: threads taking turns at ONE key, no backoff.
+
+/// Threads of the contention runs.
+const CONTEND_THREADS: usize = 4;
+/// Length of one slice of a contention run; the rows' slices alternate.
+const CONTEND_SLICE_SECS: f64 = 0.5;
+
+/// One contending client: one attempt at the shared key, and if it won, the unlock at once.
+trait Contender: Send {
+    /// Whether the attempt won (it was then released).
+    fn attempt(&mut self) -> bool;
+    /// Operations that failed other than by losing to another thread, and the first error.
+    fn failures(&self) -> (u64, Option<&str>) {
+        (0, None)
+    }
+}
+
+/// The quorum floor as a lock: `SET NX PX` to all 5, won at 3 `+OK`, lost at 3 nils (3
+/// yes can no longer come). Won: the compare-and-delete to all 5, returning at 3 replies.
+/// Lost: the compare-and-delete to every node the SET was written to (all 5), written
+/// and not waited for; its replies are read by the next round (see [`FanOut`]). No token
+/// per attempt, no clock, no validity: one fixed token per thread (a connection runs its
+/// commands in order, so an earlier attempt's delete cannot meet a later attempt's key).
+///
+/// With `wait_cleanup`, a lost attempt waits for all 5 replies to its delete before the
+/// next attempt (what rslock does, and quorumlock did before issue #9 section 4): a
+/// reference row, to show what not waiting does under contention.
+struct FloorLock {
+    net: FanOut,
+    set: Vec<u8>,
+    rel: Vec<u8>,
+    quorum: usize,
+    wait_cleanup: bool,
+}
+
+impl FloorLock {
+    fn new(ports: &[u16], key: &str, thread: usize, wait_cleanup: bool) -> FloorLock {
+        let token = format!("{thread:032x}");
+        FloorLock {
+            net: FanOut::connect(ports),
+            set: set_cmd(key, token.as_bytes()),
+            rel: release_cmd(key, token.as_bytes()),
+            quorum: ports.len() / 2 + 1,
+            wait_cleanup,
+        }
+    }
+}
+
+impl Contender for FloorLock {
+    fn attempt(&mut self) -> bool {
+        let quorum = self.quorum;
+        let n = self.net.streams.len();
+        let nays_to_lose = n - quorum + 1;
+        let (mut yes, mut no) = (0, 0);
+        self.net.send(&self.set);
+        self.net.read_until(|i, c| {
+            match c {
+                b'+' => yes += 1,
+                b'$' => no += 1, // `$-1`: the key is another thread's
+                _ => panic!("floor lock: SET reply {c:?} from node {i}"),
+            }
+            yes >= quorum || no >= nays_to_lose
+        });
+        let won = yes >= quorum;
+        self.net.send(&self.rel);
+        let need = match (won, self.wait_cleanup) {
+            (true, _) => quorum,
+            (false, true) => n,
+            (false, false) => return false,
+        };
+        let mut answered = 0;
+        self.net.read_until(|i, c| {
+            assert_eq!(c, b':', "floor lock: release reply from node {i}");
+            answered += 1;
+            answered >= need
+        });
+        won
+    }
+}
+
+/// quorumlock: `try_lock` (retry_count 0, one attempt) and, if won, `unlock`.
+struct QlContender {
+    rl: Redlock,
+    key: String,
+    failures: u64,
+    first_error: Option<String>,
+}
+
+impl QlContender {
+    fn new(urls: &[String], key: &str, thread: usize) -> QlContender {
+        let mut rl = Redlock::builder()
+            .nodes(urls)
+            .retry_count(0)
+            .build()
+            .expect("quorumlock client");
+        // Connections open in the background: wait for a first cycle on a key of its own.
+        let own = format!("{key}:warm:{thread}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match rl.try_lock(&own, TTL) {
+                Ok(lock) => {
+                    rl.unlock(&lock).expect("first unlock");
+                    break;
+                }
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("quorumlock contender warm-up: {e}");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("quorumlock never got a lock: {e}"),
+            }
+        }
+        QlContender {
+            rl,
+            key: key.to_string(),
+            failures: 0,
+            first_error: None,
+        }
+    }
+
+    fn fail(&mut self, e: String) {
+        self.failures += 1;
+        self.first_error.get_or_insert(e);
+    }
+}
+
+impl Contender for QlContender {
+    fn attempt(&mut self) -> bool {
+        match self.rl.try_lock(&self.key, TTL) {
+            Ok(lock) => match self.rl.unlock(&lock) {
+                Ok(_) => true,
+                Err(e) => {
+                    self.fail(format!("unlock: {e}"));
+                    false
+                }
+            },
+            Err(Error::Taken(_)) => false,
+            Err(e) => {
+                self.fail(format!("try_lock: {e}"));
+                false
+            }
+        }
+    }
+    fn failures(&self) -> (u64, Option<&str>) {
+        (self.failures, self.first_error.as_deref())
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct Contention {
+    /// Attempts that won (and were released).
+    won: u64,
+    attempts: u64,
+    /// Wall time, mean over the threads.
+    secs: f64,
+}
+
+fn add(a: Contention, b: Contention) -> Contention {
+    Contention {
+        won: a.won + b.won,
+        attempts: a.attempts + b.attempts,
+        secs: a.secs + b.secs,
+    }
+}
+
+impl Contention {
+    fn locks_per_s(&self) -> f64 {
+        self.won as f64 / self.secs.max(1e-9)
+    }
+    fn attempts_per_s(&self) -> f64 {
+        self.attempts as f64 / self.secs.max(1e-9)
+    }
+}
+
+/// Every client in `clients` on its own thread, attempting without pause for `secs`.
+fn contend_slice<C: Contender>(clients: &mut [C], secs: f64) -> Contention {
+    let barrier = Barrier::new(clients.len());
+    let total = Mutex::new(Contention::default());
+    std::thread::scope(|s| {
+        for c in clients.iter_mut() {
+            let (barrier, total) = (&barrier, &total);
+            s.spawn(move || {
+                barrier.wait();
+                let start = Instant::now();
+                let until = start + Duration::from_secs_f64(secs);
+                let (mut won, mut attempts) = (0, 0);
+                while Instant::now() < until {
+                    attempts += 1;
+                    won += u64::from(c.attempt());
+                }
+                let el = start.elapsed().as_secs_f64();
+                let mut t = total.lock().unwrap_or_else(|e| e.into_inner());
+                t.won += won;
+                t.attempts += attempts;
+                t.secs += el;
+            });
+        }
+    });
+    let mut t = total.into_inner().unwrap_or_else(|e| e.into_inner());
+    t.secs /= clients.len() as f64;
+    t
+}
+
+struct ContentionResult {
+    floor: Contention,
+    /// The floor whose lost attempts wait for their delete.
+    floor_wait: Contention,
+    ql: Contention,
+    /// Per slice pair: quorumlock's locks/s over the floor's.
+    slice_ratios: Vec<f64>,
+    slices: usize,
+    ql_failures: (u64, Option<String>),
+}
+
+/// `CONTEND_THREADS` threads on one key, the rows' slices alternating (each row its own
+/// key), `secs` per row in all.
+fn contention(ports: &[u16], urls: &[String], secs: f64) -> ContentionResult {
+    let mut floor: Vec<FloorLock> = (0..CONTEND_THREADS)
+        .map(|t| FloorLock::new(ports, "cmp:contend:floor", t, false))
+        .collect();
+    let mut floor_wait: Vec<FloorLock> = (0..CONTEND_THREADS)
+        .map(|t| FloorLock::new(ports, "cmp:contend:floor-wait", t, true))
+        .collect();
+    let mut ql: Vec<QlContender> = (0..CONTEND_THREADS)
+        .map(|t| QlContender::new(urls, "cmp:contend:ql", t))
+        .collect();
+    contend_slice(&mut floor, 0.25);
+    contend_slice(&mut floor_wait, 0.25);
+    contend_slice(&mut ql, 0.25);
+    let slices = ((secs / CONTEND_SLICE_SECS).round() as usize).max(1);
+    let slice = secs / slices as f64;
+    let (mut f, mut fw, mut q) = Default::default();
+    let mut slice_ratios = Vec::with_capacity(slices);
+    for _ in 0..slices {
+        let a = contend_slice(&mut floor, slice);
+        let b = contend_slice(&mut ql, slice);
+        fw = add(fw, contend_slice(&mut floor_wait, slice));
+        slice_ratios.push(b.locks_per_s() / a.locks_per_s().max(1e-9));
+        f = add(f, a);
+        q = add(q, b);
+    }
+    let mut ql_failures = (0, None);
+    for c in &ql {
+        let (n, e) = c.failures();
+        ql_failures.0 += n;
+        if ql_failures.1.is_none() {
+            ql_failures.1 = e.map(str::to_string);
+        }
+    }
+    ContentionResult {
+        floor: f,
+        floor_wait: fw,
+        ql: q,
+        slice_ratios,
+        slices,
+        ql_failures,
     }
 }
 
@@ -688,12 +998,13 @@ fn full(cfg: &Config) {
 
     let names = [
         "floor",
-        "floor, acquire at quorum (3 of 5)",
+        "floor, quorum (returns at 3 of 5)",
         "sequential",
         "quorumlock",
         "quorumlock, 2 of 5 frozen",
     ];
     const FLOOR_Q: usize = 1;
+    const QL: usize = 3;
     const FROZEN: usize = 4;
     let mut rows: Vec<Box<dyn Row>> = vec![
         Box::new(Floor::new(&ports, "cmp:floor")),
@@ -750,6 +1061,13 @@ fn full(cfg: &Config) {
     frozen.node(4).thaw();
     drop(frozen);
 
+    // Contention: 4 threads, one key, no backoff; floor and quorumlock slices alternate.
+    eprintln!(
+        "contention: {CONTEND_THREADS} threads, one key, {} s per row",
+        cfg.contend_secs
+    );
+    let contended = contention(&ports, &urls, cfg.contend_secs);
+
     // Fixed-time throughput, 1 and 4 threads, each thread its own client and keys.
     eprintln!("threads: {} s per run", cfg.secs);
     let mut thr = Vec::new();
@@ -786,8 +1104,6 @@ fn full(cfg: &Config) {
         cfg.secs,
         TTL.as_millis()
     );
-    let floor_acq = sorted(&samples[0].acq);
-    let floor_rel = sorted(&samples[0].rel);
     println!("#### Latency, µs (rows interleaved per iteration)\n");
     println!(
         "| row | acquire p50 | p99 | p99.9 | release p50 | p99 | p99.9 | max cycle | cycles > 10 ms | failed ops | cycles/s | allocs/cycle |"
@@ -818,32 +1134,96 @@ fn full(cfg: &Config) {
             println!("\n{name}, first failure: {e}");
         }
     }
-    println!("\n#### Ratio to floor (quoted: median of per-iteration ratios row_i / floor_i)\n");
     println!(
-        "| row | acquire: median(row_i/floor_i) | acquire: p50/p50 | release: median(row_i/floor_i) | release: p50/p50 | cycle: median(row_i/floor_i) | cycle: median(row_i/floor-quorum_i) |"
+        "\n#### Ratios (median of per-iteration ratios row_i / base_i, and p50 / base p50); \
+         base: the quorum floor (returns at 3 of 5), then the floor (waits for 5)\n"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| row | acquire vs quorum floor: median(row_i/fq_i) | p50/p50 | release vs quorum floor: median(row_i/fq_i) | p50/p50 | cycle vs quorum floor | acquire vs floor: median(row_i/floor_i) | release vs floor | cycle vs floor |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let cyc = |s: &Samples| -> Vec<u64> { s.acq.iter().zip(&s.rel).map(|(x, y)| x + y).collect() };
     let floor_cyc = cyc(&samples[0]);
-    let floor_q_cyc = cyc(&samples[FLOOR_Q]);
+    let fq = &samples[FLOOR_Q];
+    let fq_cyc = cyc(fq);
+    let fq_acq = sorted(&fq.acq);
+    let fq_rel = sorted(&fq.rel);
+    let p50_ratio = |v: &[u64], base: &[u64]| pct(v, 0.5) as f64 / pct(base, 0.5).max(1) as f64;
     for (name, s) in names.iter().zip(&samples) {
         let a = sorted(&s.acq);
         let r = sorted(&s.rel);
         println!(
-            "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            pair_ratio(&s.acq, &fq.acq),
+            p50_ratio(&a, &fq_acq),
+            pair_ratio(&s.rel, &fq.rel),
+            p50_ratio(&r, &fq_rel),
+            pair_ratio(&cyc(s), &fq_cyc),
             pair_ratio(&s.acq, &samples[0].acq),
-            pct(&a, 0.5) as f64 / pct(&floor_acq, 0.5).max(1) as f64,
             pair_ratio(&s.rel, &samples[0].rel),
-            pct(&r, 0.5) as f64 / pct(&floor_rel, 0.5).max(1) as f64,
             pair_ratio(&cyc(s), &floor_cyc),
-            pair_ratio(&cyc(s), &floor_q_cyc),
         );
     }
+    let ql_rel = sorted(&samples[QL].rel);
+    let rel_goal = p50_ratio(&ql_rel, &fq_rel);
+    println!(
+        "\nRelease p50: quorumlock {} µs, quorum floor {} µs: {rel_goal:.2}× \
+         (median of per-iteration ratios {:.2}×; goal ≤ 1.05×: {}).",
+        us(pct(&ql_rel, 0.5)),
+        us(pct(&fq_rel, 0.5)),
+        pair_ratio(&samples[QL].rel, &fq.rel),
+        if rel_goal <= 1.05 { "met" } else { "not met" }
+    );
     if let (Some(b), Some(a)) = (frozen_buf_before, frozen_buf_after) {
         println!(
             "\nFrozen-row client: `buffered_bytes()` = {b} before freezing, {a} after {} cycles.",
             cfg.iters
         );
+    }
+    let c = &contended;
+    println!(
+        "\n#### Contention: {CONTEND_THREADS} threads, one key, no backoff ({:.1} s per row, \
+         in {} slices of {:.2} s alternating between the rows)\n",
+        cfg.contend_secs,
+        c.slices,
+        cfg.contend_secs / c.slices as f64
+    );
+    println!("| row | successful locks/s | attempts/s | won | attempts | failed ops |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (name, r, failed) in [
+        (
+            "quorum floor (raw fan-out lock, decides at 3 of 5)",
+            &c.floor,
+            0,
+        ),
+        ("quorumlock (`try_lock` + `unlock`)", &c.ql, c.ql_failures.0),
+        (
+            "reference: quorum floor whose lost attempt waits for its delete (5 of 5)",
+            &c.floor_wait,
+            0,
+        ),
+    ] {
+        println!(
+            "| {name} | {} | {} | {} | {} | {failed} |",
+            rate(r.locks_per_s()),
+            rate(r.attempts_per_s()),
+            r.won,
+            r.attempts
+        );
+    }
+    let contend_ratio = c.ql.locks_per_s() / c.floor.locks_per_s().max(1e-9);
+    println!(
+        "\nquorumlock / quorum floor, successful locks/s: {contend_ratio:.2}× \
+         (median of per-slice ratios {:.2}×; goal ≥ 0.9×: {}).",
+        median_f(c.slice_ratios.clone()),
+        if contend_ratio >= 0.9 {
+            "met"
+        } else {
+            "not met"
+        }
+    );
+    if let Some(e) = &c.ql_failures.1 {
+        println!("\nquorumlock contention, first failure: {e}");
     }
     println!(
         "\n#### Throughput, acquire+release cycles/s (each thread its own client and key; {} s each)\n",

@@ -11,7 +11,12 @@
 //! scheduling noise on a shared machine hits all rows alike. The ratio column is the
 //! median over iterations of `row_cycle_i / quorumlock_cycle_i`.
 //!
-//! Section 2 (2 of 5 nodes frozen with SIGSTOP): each client, on its own thread, runs up
+//! Section 2 (contention): `CONTEND_THREADS` threads, each with its own client, take turns
+//! at ONE key with no backoff (one attempt; lost, the next at once; won, the unlock at
+//! once), for quorumlock and rslock; their 0.5 s slices alternate, `RIVALS_CONTEND_SECS`
+//! (default 6) per client in all. Reported: successful locks per second and the ratio.
+//!
+//! Section 3 (2 of 5 nodes frozen with SIGSTOP): each client, on its own thread, runs up
 //! to `FROZEN_CYCLES` cycles within `FROZEN_BUDGET`; a client whose call has not returned
 //! by the end of the budget (plus `FROZEN_GRACE` for a call already in flight) is
 //! abandoned and reported as such.
@@ -36,6 +41,9 @@ const FROZEN: [usize; 2] = [3, 4];
 const FROZEN_CYCLES: usize = 20;
 const FROZEN_BUDGET: Duration = Duration::from_secs(10);
 const FROZEN_GRACE: Duration = Duration::from_secs(2);
+const CONTEND_THREADS: usize = 4;
+const DEFAULT_CONTEND_SECS: f64 = 6.0;
+const CONTEND_SLICE_SECS: f64 = 0.5;
 
 // ---------------------------------------------------------------------------------------
 // The clients, behind one interface. Each holds at most one lock at a time.
@@ -270,7 +278,239 @@ fn machine_line() -> String {
 }
 
 // ---------------------------------------------------------------------------------------
-// Section 2: one client, on its own thread, against a cluster with frozen nodes.
+// Section 2: contention. CONTEND_THREADS threads take turns at ONE key, no backoff: one
+// attempt; lost, the next at once; won, the unlock at once. Each thread its own client.
+
+/// One contending client: one attempt at the shared key, and if it won, the unlock at once.
+trait Contender: Send {
+    /// `Ok(true)` won (then released), `Ok(false)` lost to another thread, `Err` anything
+    /// else.
+    fn attempt(&mut self) -> Result<bool, String>;
+}
+
+/// quorumlock: `try_lock` with `retry_count(0)`; `Error::Taken` is a lost attempt.
+struct QuorumContender {
+    rl: quorumlock::Redlock,
+    res: String,
+}
+
+impl QuorumContender {
+    fn new(urls: &[String], res: &str, thread: usize) -> Result<Self, String> {
+        let mut rl = quorumlock::Redlock::builder()
+            .nodes(urls)
+            .node_timeout(QUORUMLOCK_NODE_TIMEOUT)
+            .retry_count(0)
+            .build()
+            .map_err(|e| e.to_string())?;
+        // Connections open in the background: a first cycle on a key of its own.
+        let own = format!("{res}:warm:{thread}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match rl.try_lock(&own, TTL) {
+                Ok(lock) => {
+                    rl.unlock(&lock).map_err(|e| e.to_string())?;
+                    break;
+                }
+                Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(20)),
+                Err(e) => return Err(format!("warm-up: {e}")),
+            }
+        }
+        Ok(QuorumContender {
+            rl,
+            res: res.into(),
+        })
+    }
+}
+
+impl Contender for QuorumContender {
+    fn attempt(&mut self) -> Result<bool, String> {
+        match self.rl.try_lock(&self.res, TTL) {
+            Ok(lock) => self
+                .rl
+                .unlock(&lock)
+                .map(|_| true)
+                .map_err(|e| format!("unlock: {e}")),
+            Err(quorumlock::Error::Taken(_)) => Ok(false),
+            Err(e) => Err(format!("try_lock: {e}")),
+        }
+    }
+}
+
+/// rslock 0.10: `lock` with `set_retry(1, 1 ms)` (one attempt; a lost one is released on
+/// every node, waited for, and no sleep follows it), then `unlock`, on a current-thread
+/// runtime of its own. `LockError::Unavailable` is a lost attempt (rslock does not tell
+/// it from too few nodes answering).
+struct RslockContender {
+    rt: tokio::runtime::Runtime,
+    lm: rslock::LockManager,
+    res: Vec<u8>,
+}
+
+impl RslockContender {
+    fn new(urls: &[String], res: &str, thread: usize) -> Result<Self, String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let mut lm = rslock::LockManager::new(urls.to_vec());
+        lm.set_retry(1, Duration::from_millis(1));
+        // Connections open on first use: a few cycles on a key of its own.
+        let own = format!("{res}:warm:{thread}");
+        for _ in 0..10 {
+            if let Ok(lock) = rt.block_on(lm.lock(own.as_bytes(), TTL)) {
+                rt.block_on(lm.unlock(&lock));
+            }
+        }
+        Ok(RslockContender {
+            rt,
+            lm,
+            res: res.as_bytes().to_vec(),
+        })
+    }
+}
+
+impl Contender for RslockContender {
+    fn attempt(&mut self) -> Result<bool, String> {
+        match self.rt.block_on(self.lm.lock(self.res.as_slice(), TTL)) {
+            Ok(lock) => {
+                self.rt.block_on(self.lm.unlock(&lock));
+                Ok(true)
+            }
+            Err(rslock::LockError::Unavailable) => Ok(false),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Contention {
+    won: u64,
+    attempts: u64,
+    failures: u64,
+    first_error: Option<String>,
+    /// Wall time, summed over slices (each slice: the mean over its threads).
+    secs: f64,
+}
+
+impl Contention {
+    fn locks_per_s(&self) -> f64 {
+        self.won as f64 / self.secs.max(1e-9)
+    }
+    fn attempts_per_s(&self) -> f64 {
+        self.attempts as f64 / self.secs.max(1e-9)
+    }
+}
+
+/// Each client on its own thread, attempting without pause for `secs`; adds to `total`
+/// and returns this slice's successful locks per second.
+fn contend_slice<C: Contender>(clients: &mut [C], secs: f64, total: &mut Contention) -> f64 {
+    let barrier = std::sync::Barrier::new(clients.len());
+    let slice = std::sync::Mutex::new(Contention::default());
+    thread::scope(|s| {
+        for c in clients.iter_mut() {
+            let (barrier, slice) = (&barrier, &slice);
+            s.spawn(move || {
+                barrier.wait();
+                let start = Instant::now();
+                let until = start + Duration::from_secs_f64(secs);
+                let mut mine = Contention::default();
+                while Instant::now() < until {
+                    mine.attempts += 1;
+                    match c.attempt() {
+                        Ok(won) => mine.won += u64::from(won),
+                        Err(e) => {
+                            mine.failures += 1;
+                            mine.first_error.get_or_insert(e);
+                        }
+                    }
+                }
+                let el = start.elapsed().as_secs_f64();
+                let mut t = slice.lock().unwrap_or_else(|e| e.into_inner());
+                t.won += mine.won;
+                t.attempts += mine.attempts;
+                t.failures += mine.failures;
+                if t.first_error.is_none() {
+                    t.first_error = mine.first_error;
+                }
+                t.secs += el;
+            });
+        }
+    });
+    let mut sl = slice.into_inner().unwrap_or_else(|e| e.into_inner());
+    sl.secs /= clients.len() as f64;
+    total.won += sl.won;
+    total.attempts += sl.attempts;
+    total.failures += sl.failures;
+    if total.first_error.is_none() {
+        total.first_error = sl.first_error.take();
+    }
+    total.secs += sl.secs;
+    sl.locks_per_s()
+}
+
+/// Section 2: quorumlock's and rslock's slices alternate, each client its own key.
+fn contention(urls: &[String], secs: f64) {
+    let mut ql: Vec<QuorumContender> = (0..CONTEND_THREADS)
+        .map(|t| QuorumContender::new(urls, "rivals:contend:quorumlock", t))
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("quorumlock contender: {e}"));
+    let mut rs: Vec<RslockContender> = match (0..CONTEND_THREADS)
+        .map(|t| RslockContender::new(urls, "rivals:contend:rslock", t))
+        .collect::<Result<_, _>>()
+    {
+        Ok(v) => v,
+        Err(e) => {
+            println!("\nrslock 0.10.0 contention: skipped, runtime could not be built: {e}");
+            return;
+        }
+    };
+    let mut discard = Contention::default();
+    contend_slice(&mut ql, 0.25, &mut discard);
+    contend_slice(&mut rs, 0.25, &mut discard);
+    let slices = ((secs / CONTEND_SLICE_SECS).round() as usize).max(1);
+    let slice = secs / slices as f64;
+    let (mut q, mut r) = (Contention::default(), Contention::default());
+    let mut ratios = Vec::with_capacity(slices);
+    for _ in 0..slices {
+        let a = contend_slice(&mut ql, slice, &mut q);
+        let b = contend_slice(&mut rs, slice, &mut r);
+        ratios.push(a / b.max(1e-9));
+    }
+
+    println!();
+    println!(
+        "## Contention: {CONTEND_THREADS} threads, one key, no backoff ({secs:.1} s per client, \
+         in {slices} slices of {slice:.2} s alternating between the clients)"
+    );
+    println!();
+    println!("| client | successful locks/s | attempts/s | won | attempts | failures |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (name, c) in [("quorumlock", &q), ("rslock 0.10.0", &r)] {
+        println!(
+            "| {name} | {:.0} | {:.0} | {} | {} | {} |",
+            c.locks_per_s(),
+            c.attempts_per_s(),
+            c.won,
+            c.attempts,
+            c.failures
+        );
+    }
+    let ratio = q.locks_per_s() / r.locks_per_s().max(1e-9);
+    println!(
+        "- quorumlock / rslock, successful locks/s: {ratio:.2}× (median of per-slice ratios \
+         {}×; goal ≥ 1.2×: {})",
+        fmt_opt(median_f64(&mut ratios), 2),
+        if ratio >= 1.2 { "met" } else { "not met" }
+    );
+    for (name, c) in [("quorumlock", &q), ("rslock 0.10.0", &r)] {
+        if let Some(e) = &c.first_error {
+            println!("- {name}: first failure: {e}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Section 3: one client, on its own thread, against a cluster with frozen nodes.
 
 enum Event {
     /// A call (acquire or release) is about to start.
@@ -394,6 +634,15 @@ fn main() {
         Err(_) => DEFAULT_ITERS,
     };
     assert!(iters > 0, "RIVALS_ITERS must be > 0");
+    let contend_secs: f64 = match std::env::var("RIVALS_CONTEND_SECS") {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .ok()
+            .filter(|x: &f64| *x > 0.0)
+            .unwrap_or_else(|| panic!("RIVALS_CONTEND_SECS must be a positive number, got {s:?}")),
+        Err(_) => DEFAULT_CONTEND_SECS,
+    };
 
     println!("{}", machine_line());
     let cluster = Cluster::start(NODES);
@@ -491,7 +740,10 @@ fn main() {
          returns `()`."
     );
 
-    // ---- Section 2: 2 of 5 nodes frozen.
+    // ---- Section 2: contention, 4 threads on one key.
+    contention(&urls, contend_secs);
+
+    // ---- Section 3: 2 of 5 nodes frozen.
     for &i in &FROZEN {
         cluster.node(i).freeze();
     }
