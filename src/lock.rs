@@ -34,7 +34,7 @@ pub struct Lock {
     token: Token,
     ttl: Duration,
     started: Instant,
-    /// The nodes this lock's SET and extends were written to (a `driver::chases` mask):
+    /// The nodes this lock's SET and extends were written to (a `core::engine::chases` mask):
     /// an unlock follows them there even while they lag.
     written: u64,
     // INVARIANT: deadline = start of the operation that last set the keys + ttl − drift.

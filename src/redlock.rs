@@ -298,11 +298,12 @@ impl Redlock {
     ///
     /// The delete goes to every node, and the call returns as soon as a majority has
     /// answered (at most `node_timeout`): the lock is then free, since no majority holds
-    /// its key any more. **The count is the deletions confirmed when that was decided**:
-    /// with 5 healthy nodes it may be 3 while the other deletes are still in flight (they
-    /// are sent, and their replies are read by later calls, never waited for). A node that
-    /// lags (frozen, stalled) and was written this lock's SET or an extend is sent the
-    /// compare-and-delete too: Redis runs a connection's commands in order, so when the
+    /// its key any more. **The count is the deletions confirmed when `unlock` returned**
+    /// (the decision, and whatever replies came in the same batch): with 5 healthy nodes
+    /// it may be 3 while the other deletes are still in flight (they are sent, and their
+    /// replies are read by later calls, never waited for). A node that
+    /// lags (frozen, stalled, reconnecting) and was written this lock's SET or an extend
+    /// is sent the compare-and-delete too: Redis runs a connection's commands in order, so when the
     /// node wakes the delete follows the stale write instead of leaving a key behind for a
     /// whole ttl.
     ///

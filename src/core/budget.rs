@@ -23,23 +23,7 @@
 //!   [`WaitBudget::expire`] the budget, so the next wait is sized by the clock and such
 //!   work cannot push a round past `node_timeout`.
 //!
-//! # Example
-//!
-//! ```
-//! use std::time::{Duration, Instant};
-//! use quorumlock::__private::core::budget::WaitBudget;
-//!
-//! let start = Instant::now();
-//! let mut budget = WaitBudget::new(start, Duration::from_millis(80));
-//! // Eight waits of 10 ms fit in 80 ms without looking at the clock...
-//! for _ in 0..8 {
-//!     assert_eq!(budget.next_wait(), Some(Duration::from_millis(10)));
-//! }
-//! // ...then the clock decides: 75 ms gone leaves one wait of 5 ms.
-//! assert_eq!(budget.next_wait(), None);
-//! assert_eq!(budget.resync(start + Duration::from_millis(75)), Some(Duration::from_millis(5)));
-//! assert_eq!(budget.resync(start + Duration::from_millis(80)), None);
-//! ```
+//! The test `eight_slices_then_the_clock` below walks through one budget.
 
 use std::time::{Duration, Instant};
 
@@ -119,6 +103,11 @@ fn ceil_ms(d: Duration) -> u64 {
 mod tests {
     use super::*;
 
+    /// The one clock reading of these tests: every other instant is built from it.
+    fn base() -> Instant {
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *BASE.get_or_init(Instant::now)
+    }
     /// Waits handed out between clock readings, rounded up as `epoll_wait` rounds them,
     /// never add up past the deadline; and the budget ends exactly at the deadline.
     #[test]
@@ -135,7 +124,7 @@ mod tests {
             3_600_000_000,
         ] {
             let timeout = Duration::from_micros(timeout_us);
-            let start = Instant::now();
+            let start = base();
             let mut budget = WaitBudget::new(start, timeout);
             // Worst case: every wait runs to its full (rounded-up) length.
             let mut clock = start;
@@ -167,7 +156,7 @@ mod tests {
 
     #[test]
     fn early_replies_cost_no_clock_reading_for_up_to_eight_waits() {
-        let start = Instant::now();
+        let start = base();
         let mut budget = WaitBudget::new(start, Duration::from_millis(50));
         for _ in 0..7 {
             assert_eq!(budget.next_wait(), Some(Duration::from_millis(7)));
@@ -185,7 +174,7 @@ mod tests {
     #[test]
     fn never_more_than_eight_slices_between_readings() {
         for ms in 0..2_000u64 {
-            let mut budget = WaitBudget::new(Instant::now(), Duration::from_millis(ms));
+            let mut budget = WaitBudget::new(base(), Duration::from_millis(ms));
             let mut n = 0;
             while budget.next_wait().is_some() {
                 n += 1;
@@ -196,11 +185,25 @@ mod tests {
 
     #[test]
     fn a_clock_before_the_start_counts_as_no_time_gone() {
-        let start = Instant::now() + Duration::from_secs(1);
+        let start = base() + Duration::from_secs(1);
         let mut budget = WaitBudget::new(start, Duration::from_millis(10));
+        assert_eq!(budget.resync(base()), Some(Duration::from_millis(2)));
+    }
+
+    #[test]
+    fn eight_slices_then_the_clock() {
+        let start = base();
+        let mut budget = WaitBudget::new(start, Duration::from_millis(80));
+        // Eight waits of 10 ms fit in 80 ms without looking at the clock...
+        for _ in 0..8 {
+            assert_eq!(budget.next_wait(), Some(Duration::from_millis(10)));
+        }
+        // ...then the clock decides: 75 ms gone leaves one wait of 5 ms.
+        assert_eq!(budget.next_wait(), None);
         assert_eq!(
-            budget.resync(Instant::now()),
-            Some(Duration::from_millis(2))
+            budget.resync(start + Duration::from_millis(75)),
+            Some(Duration::from_millis(5))
         );
+        assert_eq!(budget.resync(start + Duration::from_millis(80)), None);
     }
 }

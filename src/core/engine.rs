@@ -5,10 +5,11 @@
 //! The [`Engine`] owns one [`Session`] per node and the commands of the current round.
 //! It reaches the outside world only through a [`Transport`]: open, close, write and
 //! read a node's connection, and tell the time. The mio driver implements it with real
-//! sockets and `Instant::now()`; the deterministic simulation (`tests/sim.rs`) with
+//! sockets and the system clock; the deterministic simulation (`tests/sim.rs`) with
 //! in-memory pipes and a virtual clock. What to wait for, and for how long, is the
 //! caller's loop: it calls [`Engine::begin`], feeds every readiness event to
-//! [`Engine::on_event`] until the round is done, or calls [`Round::time_out`].
+//! [`Engine::on_event`] until the round is done (for a release, also until no delete
+//! waits unwritten: [`Engine::writes_pending`]), or calls [`Round::time_out`].
 //!
 //! # Invariants
 //!
@@ -28,8 +29,9 @@
 //!   still owes the reply to a SET or extend whose ttl has not run out. A new connection
 //!   after a reset or a connect timeout is sent nothing until its handshake is answered:
 //!   a frozen server's kernel still accepts connections.
-//! - The steady-state round (every node ready) allocates nothing and asks the transport
-//!   for the time only where the caller passes it in.
+//! - The steady-state round (every node ready) allocates nothing and reads no clock: the
+//!   caller passes `start` in, and the transport is asked for the time only on cold paths
+//!   (a failure, a connection established).
 
 use super::command::{self, Cmd, Frame};
 use super::round::{Kind, Round};
@@ -133,8 +135,10 @@ pub struct Engine {
     /// Set by the slow paths (general parser, connection events): work a caller's wait
     /// budget does not count, so its next wait should be sized by the clock.
     slow_work: bool,
-    /// For the current round's SET or extend: its start + ttl, after which a copy of it
-    /// stuck in a node's socket can no longer leave a key behind.
+    /// For the current round's SET or extend: its start + ttl, past which our lock can no
+    /// longer be valid whatever happens to a copy stuck in a node's socket (one that runs
+    /// on thawing sets the key for a whole ttl from then: the unlock's delete, queued
+    /// behind it, is what removes it).
     write_until: Option<Instant>,
 }
 
@@ -718,7 +722,18 @@ impl Engine {
                     kind: Expected::Command(active.req.kind),
                     sent_at: now,
                 };
-                let bytes = self.frames[(self.round_id & 1) as usize].bytes();
+                // A fresh connection (often to a restarted server, its script cache empty)
+                // gets an extend's script itself, as `start_node` would give it.
+                let bytes = if active.req.kind != Kind::Extend || s.extend_script_known {
+                    self.frames[(self.round_id & 1) as usize].bytes()
+                } else {
+                    self.extra.clear();
+                    let cmd = cmd_of(active.req.kind, active.req.ttl_ms, false);
+                    for item in active.req.items {
+                        command::encode(&mut self.extra, cmd, item.key, &item.token);
+                    }
+                    &self.extra
+                };
                 if Self::send(t, s, node, bytes, expect, active.req.items.len()).is_ok() {
                     s.sent = true;
                     s.note_write(self.write_until);

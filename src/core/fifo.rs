@@ -9,9 +9,10 @@
 //!   in a ring buffer.
 //! - A connection that never fully catches up (always a reply or two behind, as when
 //!   calls return at a majority) would walk `head` through an ever-growing buffer: a push
-//!   into a full buffer with a dead prefix drops the prefix instead of growing, so the
-//!   buffer grows only when its live entries fill it, and a steady state, however far
-//!   behind, stops allocating once its high-water mark is reached.
+//!   into a full buffer whose dead prefix is at least half of it drops the prefix instead
+//!   of growing. The buffer thus holds at most twice its live entries, each entry is moved
+//!   O(1) times on average, and a steady state, however far behind, stops allocating once
+//!   its high-water mark is reached.
 
 /// A FIFO of `Copy` entries.
 #[derive(Debug)]
@@ -44,7 +45,10 @@ impl<T: Copy> Fifo<T> {
     /// Appends an entry.
     #[inline(always)]
     pub fn push_back(&mut self, item: T) {
-        if self.buf.len() == self.buf.capacity() && self.head > 0 {
+        // Compacting moves the live entries: only worth it when the dead prefix is at
+        // least half the buffer, so each entry is moved O(1) times on average; otherwise
+        // grow (once, to the high-water mark).
+        if self.buf.len() == self.buf.capacity() && self.head * 2 >= self.buf.len() {
             self.compact();
         }
         self.buf.push(item);

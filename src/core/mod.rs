@@ -15,9 +15,11 @@
 //!
 //! # Invariants
 //!
-//! Time comes in as `Instant` arguments; nothing here calls `Instant::now()`, touches a
-//! socket or sleeps, so every edge of the algorithm is an ordinary unit test. The I/O
-//! driver in `crate::driver` feeds these types and obeys their decisions.
+//! Time comes in as `Instant` arguments; nothing here reads the system clock, touches a
+//! socket or sleeps, so every edge of the algorithm is an ordinary unit test (each test
+//! module takes one base instant and builds every other from it). The mio driver in
+//! `crate::driver` and the simulation in `tests/sim.rs` run the engine through its
+//! `Transport`.
 
 pub mod budget;
 pub mod command;

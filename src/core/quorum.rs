@@ -65,20 +65,6 @@ pub fn safe_span(ttl: Duration, drift_factor: f64) -> Option<Duration> {
 /// (`decision`) at `decided`, before that deadline; `None` otherwise (lost, or won too
 /// late to leave any validity). `safe` is [`safe_span`] of the ttl.
 ///
-/// # Example
-///
-/// ```
-/// use std::time::{Duration, Instant};
-/// use quorumlock::__private::core::{quorum::acquired_until, round::Decision};
-///
-/// let start = Instant::now();
-/// let safe = Some(Duration::from_millis(98));
-/// let early = start + Duration::from_millis(5);
-/// assert_eq!(acquired_until(Decision::Won, early, start, safe), Some(start + Duration::from_millis(98)));
-/// let late = start + Duration::from_millis(98);
-/// assert_eq!(acquired_until(Decision::Won, late, start, safe), None);
-/// assert_eq!(acquired_until(Decision::Taken, early, start, safe), None);
-/// ```
 pub fn acquired_until(
     decision: Decision,
     decided: Instant,
@@ -98,20 +84,6 @@ pub fn acquired_until(
 /// later than `current`, and earlier when nodes that took the new ttl may now expire
 /// sooner.
 ///
-/// # Example
-///
-/// ```
-/// use std::time::{Duration, Instant};
-/// use quorumlock::__private::core::{quorum::extended_until, round::Decision};
-///
-/// let t = Instant::now();
-/// let ms = Duration::from_millis;
-/// let current = t + ms(50);
-/// // Won in time: the new deadline, start + 100 ms − 3 ms of drift.
-/// assert_eq!(extended_until(Decision::Won, t + ms(1), t, ms(100), 0.01, current), Ok(t + ms(97)));
-/// // Lost with a shorter ttl: the lock keeps the earlier of the two deadlines.
-/// assert_eq!(extended_until(Decision::Taken, t + ms(1), t, ms(20), 0.01, current), Err(t + ms(17) + Duration::from_micros(800)));
-/// ```
 pub fn extended_until(
     decision: Decision,
     decided: Instant,
@@ -138,9 +110,14 @@ pub fn validity(deadline: Instant, now: Instant) -> Option<Duration> {
 mod tests {
     use super::*;
 
+    /// The one clock reading of these tests: every other instant is built from it.
+    fn base() -> Instant {
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *BASE.get_or_init(Instant::now)
+    }
     #[test]
     fn validity_is_ttl_minus_elapsed_minus_drift() {
-        let start = Instant::now();
+        let start = base();
         let ttl = Duration::from_millis(1000);
         let end = deadline(start, ttl, 0.01).unwrap();
         // drift = 10 ms + 2 ms
@@ -153,7 +130,7 @@ mod tests {
 
     #[test]
     fn a_ttl_no_longer_than_drift_is_never_valid() {
-        let start = Instant::now();
+        let start = base();
         assert_eq!(deadline(start, Duration::from_millis(2), 0.0), None);
         assert_eq!(deadline(start, Duration::from_millis(1), 0.5), None);
         assert!(deadline(start, Duration::from_millis(3), 0.0).is_some());
@@ -166,5 +143,47 @@ mod tests {
             assert!(2 * q > n, "two quorums of {n} must overlap");
             assert!(2 * (q - 1) <= n, "quorum of {n} is the smallest majority");
         }
+    }
+
+    #[test]
+    fn an_acquire_is_valid_only_if_won_before_its_deadline() {
+        let start = base();
+        let safe = Some(Duration::from_millis(98));
+        let early = start + Duration::from_millis(5);
+        assert_eq!(
+            acquired_until(Decision::Won, early, start, safe),
+            Some(start + Duration::from_millis(98))
+        );
+        let late = start + Duration::from_millis(98);
+        assert_eq!(acquired_until(Decision::Won, late, start, safe), None);
+        assert_eq!(acquired_until(Decision::Taken, early, start, safe), None);
+        assert_eq!(acquired_until(Decision::Won, early, start, None), None);
+    }
+
+    #[test]
+    fn a_failed_extend_never_lengthens_the_lock() {
+        let t = base();
+        let ms = Duration::from_millis;
+        let current = t + ms(50);
+        // Won in time: the new deadline, start + 100 ms − 3 ms of drift.
+        assert_eq!(
+            extended_until(Decision::Won, t + ms(1), t, ms(100), 0.01, current),
+            Ok(t + ms(97))
+        );
+        // Won after the lock had already run out: the lock keeps its old deadline.
+        assert_eq!(
+            extended_until(Decision::Won, t + ms(60), t, ms(100), 0.01, current),
+            Err(current)
+        );
+        // Lost with a shorter ttl: the earlier of the two deadlines.
+        assert_eq!(
+            extended_until(Decision::Taken, t + ms(1), t, ms(20), 0.01, current),
+            Err(t + ms(17) + Duration::from_micros(800))
+        );
+        // Lost with a ttl the drift eats whole: nothing is left.
+        assert_eq!(
+            extended_until(Decision::Unavailable, t + ms(1), t, ms(2), 0.0, current),
+            Err(t)
+        );
     }
 }

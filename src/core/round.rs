@@ -16,8 +16,9 @@
 //!   that would only add latency.
 //! - Release is `Done` as soon as a majority has answered (it reports how many of those
 //!   deleted), or when so many failed that no majority can answer, or when none is
-//!   pending; the replies still owed are read, and dropped, by later calls.
-//!   `Done` when none is pending.
+//!   pending; the replies still owed are read, and dropped, by later calls. Votes
+//!   recorded after the decision (the rest of the same batch of replies) still count in
+//!   [`Round::yes`].
 //! - [`Round::time_out`] turns every pending vote into `NoReply`, which decides every
 //!   slot. Nothing here reads a clock: the caller says when time is up.
 //! - A decision is stamped with the time it was taken by [`Round::stamp`], which the
@@ -57,7 +58,7 @@ pub enum Decision {
     Taken,
     /// So many nodes failed or said no that no quorum is possible (acquire, extend).
     Unavailable,
-    /// Every asked node answered or timed out (release).
+    /// A majority answered, or no majority can any more (release).
     Done,
 }
 
@@ -167,7 +168,6 @@ struct Slot {
 /// # Example
 ///
 /// ```
-/// use std::time::Instant;
 /// use quorumlock::__private::core::round::{Decision, Kind, Round};
 /// use quorumlock::Outcome;
 ///
@@ -179,11 +179,9 @@ struct Slot {
 /// round.record(1, 0, Outcome::Locked);
 /// assert_eq!(round.decision(0), Decision::Won); // nodes 2 and 4 never needed
 /// assert!(round.is_done());
-/// // The caller reads the clock once the replies are handled, and stamps the decision.
+/// // The caller reads the clock once the replies are handled, and stamps the decision
+/// // with `Round::stamp`.
 /// assert!(round.has_unstamped());
-/// let now = Instant::now();
-/// round.stamp(now);
-/// assert_eq!(round.decided_at(0), Some(now));
 /// ```
 #[derive(Debug, Default)]
 pub struct Round {
@@ -444,10 +442,15 @@ impl Round {
 mod tests {
     use super::*;
 
+    /// The one clock reading of these tests: every other instant is built from it.
+    fn base() -> Instant {
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *BASE.get_or_init(Instant::now)
+    }
     fn round(kind: Kind, n: usize) -> (Round, Instant) {
         let mut r = Round::default();
         r.begin(kind, n, 1);
-        (r, Instant::now())
+        (r, base())
     }
 
     #[test]
@@ -536,7 +539,7 @@ mod tests {
     fn time_out_decides_every_slot() {
         let mut r = Round::default();
         r.begin(Kind::Acquire, 5, 3);
-        let t = Instant::now();
+        let t = base();
         for node in 0..3 {
             r.record(node, 0, Outcome::Locked);
             r.record(node, 1, Outcome::Held);

@@ -2,10 +2,10 @@
 //! buffers, the FIFO of replies it is owed, reconnect backoff, and what marks a node as
 //! suspect or lagging.
 //!
-//! The driver owns the socket and moves bytes: it reads into [`Session::read_room`] and
-//! reports [`Session::received`], writes what [`Session::unsent`] holds (or a caller's
-//! command directly, when [`Session::enqueue`] says the line is idle) and reports
-//! [`Session::wrote`]. Everything the node's bytes mean is decided here. Nothing here
+//! The engine (`core::engine`) moves its bytes through a transport: it reads into
+//! [`Session::read_room`] and reports [`Session::received`], writes what
+//! [`Session::unsent`] holds (or a command directly, when [`Session::enqueue`] says the
+//! line is idle) and reports [`Session::wrote`]. Everything the node's bytes mean is decided here. Nothing here
 //! reads a clock or touches a socket: time comes in as `now`.
 //!
 //! # Invariants
@@ -177,10 +177,11 @@ pub struct Session {
     /// The current round's command was handed to this connection, so after a lost
     /// attempt the node may hold our key and gets the compare-and-delete.
     pub sent: bool,
-    /// Until when a SET or extend written on this connection may still apply (the
-    /// latest start + ttl among them). While such a reply is owed, the connection is
-    /// not dropped for lagging or for a slow handshake: the bytes may already sit in the
-    /// node's socket, and an unlock's delete must follow them on the same connection.
+    /// The latest start + ttl among the SETs and extends written on this connection: our
+    /// lock can be valid until then. While such a reply is owed before it, the
+    /// connection is not dropped for lagging or for a slow handshake: the bytes may sit
+    /// in the node's socket, and an unlock's delete must follow them on the same
+    /// connection.
     owed_until: Option<Instant>,
     /// This connection has seen the extend script answered (not `NOSCRIPT`): the node
     /// has it cached, so EVALSHA is safe. Until then extends go as EVAL: a `NOSCRIPT`
@@ -623,6 +624,11 @@ fn lossy(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    /// The one clock reading of these tests: every other instant is built from it.
+    fn base() -> Instant {
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *BASE.get_or_init(Instant::now)
+    }
     fn login() -> Login {
         Login {
             user: Some("app".into()),
@@ -648,7 +654,7 @@ mod tests {
 
     #[test]
     fn a_new_connection_sends_its_login_first_and_owes_one_status_each() {
-        let now = Instant::now();
+        let now = base();
         let mut s = Session::new(login(), now);
         assert!(s.wants_connect(now));
         s.opened(now);
@@ -673,7 +679,7 @@ mod tests {
 
     #[test]
     fn a_server_that_speaks_first_is_not_redis() {
-        let now = Instant::now();
+        let now = base();
         let mut s = Session::new(Login::default(), now);
         s.opened(now);
         feed(&mut s, b"SSH-2.0-OpenSSH_9.2\r\n");
@@ -683,7 +689,7 @@ mod tests {
 
     #[test]
     fn votes_are_matched_to_their_round_and_slot_in_order() {
-        let now = Instant::now();
+        let now = base();
         let mut s = Session::new(Login::default(), now);
         s.opened(now);
         s.established(now).unwrap();
@@ -717,7 +723,7 @@ mod tests {
 
     #[test]
     fn lag_connect_expiry_and_live_writes() {
-        let t0 = Instant::now();
+        let t0 = base();
         let ms = Duration::from_millis;
         let mut s = Session::new(Login::default(), t0);
         s.opened(t0);
@@ -749,7 +755,7 @@ mod tests {
 
     #[test]
     fn backlogs_are_bounded() {
-        let now = Instant::now();
+        let now = base();
         let mut s = Session::new(Login::default(), now);
         s.opened(now);
         assert!(s.queue(&vec![0; MAX_OUTBOX]).is_err());
@@ -761,7 +767,7 @@ mod tests {
 
     /// A session past its handshake, owing the given commands (round 1, slots 0..).
     fn ready_owing(kinds: &[Kind]) -> Session {
-        let now = Instant::now();
+        let now = base();
         let mut s = Session::new(Login::default(), now);
         s.opened(now);
         s.established(now).unwrap();
@@ -843,7 +849,7 @@ mod tests {
     #[test]
     fn a_handshake_answered_wrongly_names_the_peer() {
         let limits = Limits::default();
-        let now = Instant::now();
+        let now = base();
         let mut s = Session::new(Login::default(), now);
         s.opened(now);
         s.established(now).unwrap();
@@ -876,7 +882,7 @@ mod tests {
 
     #[test]
     fn how_far_behind_counts_rounds_not_replies() {
-        let now = Instant::now();
+        let now = base();
         let mut s = ready_owing(&[]);
         assert_eq!(s.rounds_behind(9), 0);
         // A batch of 1,000 commands in round 3 is one round, however many replies.

@@ -6,8 +6,8 @@
 //! A round ([`Driver::run`]) reads the clock once, hands the request to the engine, which
 //! writes the command to every node straight away ("poor man's multiplexing": no waiting
 //! for writability first), then waits on the `Poll` and feeds every readiness event to
-//! the engine, returning the moment the round has decided every slot or `node_timeout`
-//! has passed.
+//! the engine, returning the moment the round has decided every slot (for a release, once
+//! every delete has also left the process) or `node_timeout` has passed.
 //!
 //! The hot path (a reply on a ready connection, a command to a ready connection) reads
 //! no clock: waits are sized by a [`WaitBudget`] that reads it only every few waits, and
@@ -19,7 +19,8 @@
 //!   commands are encoded and sent), give or take the microseconds spent handling
 //!   replies between two clock readings and one late wakeup (see `core::budget`; a wait
 //!   that ends with no event, and any slow-path work, re-read the clock). Connecting,
-//!   reconnecting and handshakes never block: a node that is not ready just votes
+//!   reconnecting and handshakes never block the caller past that: a command for a node
+//!   still connecting waits behind its handshake, and a node that cannot take part votes
 //!   "failed".
 //! - Before any command goes out, one non-blocking poll takes in whatever arrived
 //!   meanwhile, so a byte no command asked for is caught as such instead of being read
@@ -82,7 +83,8 @@ impl Driver {
     }
 
     /// Runs one round of `req` on every node; returns when `round` has decided every slot
-    /// or `node_timeout` has passed. Returns the instant the round started.
+    /// (a release: and no delete waits unwritten) or `node_timeout` has passed. Returns
+    /// the instant the round started.
     pub fn run(&mut self, round: &mut Round, req: &Request<'_>) -> Instant {
         // Taken out once per round, not once per wait: the event loop borrows `self`.
         let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
