@@ -395,17 +395,12 @@ impl Engine {
             kind: Expected::Command(active.req.kind),
             sent_at: now,
         };
-        let bytes = if active.req.kind != Kind::Extend || s.extend_script_known {
-            self.frames[(self.round_id & 1) as usize].bytes()
-        } else {
-            // The scripts themselves until this connection has seen one answered.
-            self.extra.clear();
-            let cmd = cmd_of(active.req.kind, active.req.ttl_ms, false);
-            for item in active.req.items {
-                command::encode(&mut self.extra, cmd, item.key, &item.token);
-            }
-            &self.extra
-        };
+        let bytes = command_for(
+            &self.frames[(self.round_id & 1) as usize],
+            &mut self.extra,
+            active.req,
+            s.extend_script_known,
+        );
         if let Err(e) = Self::send(t, s, node, bytes, expect, active.req.items.len()) {
             self.fail_conn(t, node, e, Some(active));
         }
@@ -722,18 +717,12 @@ impl Engine {
                     kind: Expected::Command(active.req.kind),
                     sent_at: now,
                 };
-                // A fresh connection (often to a restarted server, its script cache empty)
-                // gets an extend's script itself, as `start_node` would give it.
-                let bytes = if active.req.kind != Kind::Extend || s.extend_script_known {
-                    self.frames[(self.round_id & 1) as usize].bytes()
-                } else {
-                    self.extra.clear();
-                    let cmd = cmd_of(active.req.kind, active.req.ttl_ms, false);
-                    for item in active.req.items {
-                        command::encode(&mut self.extra, cmd, item.key, &item.token);
-                    }
-                    &self.extra
-                };
+                let bytes = command_for(
+                    &self.frames[(self.round_id & 1) as usize],
+                    &mut self.extra,
+                    active.req,
+                    s.extend_script_known,
+                );
                 if Self::send(t, s, node, bytes, expect, active.req.items.len()).is_ok() {
                     s.sent = true;
                     s.note_write(self.write_until);
@@ -835,6 +824,26 @@ pub fn node_bit(node: usize) -> u64 {
 #[inline]
 pub fn chases(mask: u64, node: usize) -> bool {
     mask & node_bit(node) != 0
+}
+
+/// The bytes of the round's command for one connection: the frame encoded for every node,
+/// or for an extend on a connection that has not answered one yet (a fresh connection, a
+/// restarted server with an empty script cache), the script itself, encoded into `extra`.
+fn command_for<'a>(
+    frame: &'a Frame,
+    extra: &'a mut Vec<u8>,
+    req: &Request<'_>,
+    extend_script_known: bool,
+) -> &'a [u8] {
+    if req.kind != Kind::Extend || extend_script_known {
+        return frame.bytes();
+    }
+    extra.clear();
+    let cmd = cmd_of(req.kind, req.ttl_ms, false);
+    for item in req.items {
+        command::encode(extra, cmd, item.key, &item.token);
+    }
+    extra
 }
 
 fn cmd_of(kind: Kind, ttl_ms: u64, by_sha: bool) -> Cmd {
