@@ -114,7 +114,18 @@ impl From<ConfigError> for Error {
     }
 }
 
-/// Which operation failed.
+/// One of the lock's operations: the one name for it from the command on the wire
+/// (which [`Outcome`] a node's reply means depends on it) up to the error that says which
+/// operation failed.
+///
+/// # Example
+///
+/// ```
+/// use quorumlock::{Outcome, Phase};
+///
+/// assert_eq!(Phase::Release.to_string(), "unlock of lock");
+/// assert_eq!(Outcome::vote(Phase::Extend, true), Outcome::Locked);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Phase {
@@ -273,8 +284,7 @@ pub struct NodeReport {
 pub enum Outcome {
     /// Acquire or extend succeeded on this node.
     Locked,
-    /// Another client's token holds the key (SET NX refused), or for extend, the key is
-    /// gone or no longer ours.
+    /// Another client's token holds the key (SET NX refused).
     Held,
     /// Release deleted our key.
     Released,
@@ -288,6 +298,30 @@ pub enum Outcome {
     NoReply,
     /// The node could not take part; why.
     Failed(NodeError),
+}
+
+impl Outcome {
+    /// A yes or no vote on a `phase` command, by name: yes is `Locked` (acquire, extend)
+    /// or `Released`; no is `Held` (acquire: another token holds the key) or `NotHeld`
+    /// (extend, release: the key is gone or holds another token).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use quorumlock::{Outcome, Phase};
+    ///
+    /// assert_eq!(Outcome::vote(Phase::Acquire, false), Outcome::Held);
+    /// assert_eq!(Outcome::vote(Phase::Release, true), Outcome::Released);
+    /// ```
+    #[inline]
+    pub fn vote(phase: Phase, yes: bool) -> Outcome {
+        match (phase, yes) {
+            (Phase::Release, true) => Outcome::Released,
+            (_, true) => Outcome::Locked,
+            (Phase::Acquire, false) => Outcome::Held,
+            (_, false) => Outcome::NotHeld,
+        }
+    }
 }
 
 impl fmt::Display for Outcome {
@@ -334,6 +368,9 @@ pub enum NodeError {
     Server(String),
     /// AUTH or SELECT after connecting was refused.
     Handshake(String),
+    /// The server had lost the lock's script (a restart or `SCRIPT FLUSH`) and the
+    /// command could not be sent again with the script itself.
+    NoScript,
     /// Too much unsent data queued for a node that does not read.
     Backlog,
 }
@@ -354,6 +391,7 @@ impl fmt::Display for NodeError {
             NodeError::UnexpectedReply(what) => write!(f, "unexpected reply: {what}"),
             NodeError::Server(msg) => write!(f, "server error: {msg}"),
             NodeError::Handshake(msg) => write!(f, "AUTH/SELECT refused: {msg}"),
+            NodeError::NoScript => f.write_str("the server lost the lock script (NOSCRIPT)"),
             NodeError::Backlog => f.write_str("write backlog over the limit"),
         }
     }
@@ -370,6 +408,29 @@ impl std::error::Error for NodeError {
 }
 
 impl NodeError {
+    /// True for the errors after which a connection's replies can no longer be matched
+    /// to its commands (bytes that are not RESP, a reply that does not fit its command or
+    /// that nobody asked for, a refused or garbled handshake): the connection is dropped.
+    /// An error reply to a lock command (`OOM`, `NOSCRIPT`, ...) leaves it in step.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use quorumlock::NodeError;
+    ///
+    /// assert!(NodeError::UnexpectedReply("a reply nobody asked for").breaks_stream());
+    /// assert!(!NodeError::Server("OOM command not allowed".into()).breaks_stream());
+    /// ```
+    pub fn breaks_stream(&self) -> bool {
+        matches!(
+            self,
+            NodeError::Protocol(_)
+                | NodeError::UnexpectedReply(_)
+                | NodeError::NotRedis(_)
+                | NodeError::Handshake(_)
+        )
+    }
+
     /// [`NodeError::NotRedis`] with a preview of what the peer sent.
     pub(crate) fn not_redis(sent: &[u8]) -> NodeError {
         let shown = &sent[..sent.len().min(16)];

@@ -3,7 +3,7 @@
 use crate::config::{Builder, Settings};
 use crate::core::engine::{Item, Request};
 use crate::core::quorum::{acquired_until, drift, extended_until, quorum, safe_span};
-use crate::core::round::{Decision, Kind, Round};
+use crate::core::round::{Decision, Round};
 use crate::core::token::{Token, TokenSource};
 use crate::driver::Driver;
 use crate::error::{ArgumentError, Error, Failure, NodeReport, OsError, Phase};
@@ -136,7 +136,7 @@ impl Redlock {
             token: self.next_token()?,
         }];
         let req = Request {
-            kind: Kind::Acquire,
+            phase: Phase::Acquire,
             ttl_ms,
             items: &items,
             chase: 0,
@@ -254,7 +254,7 @@ impl Redlock {
             token: lock.token_value(),
         }];
         let req = Request {
-            kind: Kind::Extend,
+            phase: Phase::Extend,
             ttl_ms,
             items: &items,
             chase: 0,
@@ -316,7 +316,7 @@ impl Redlock {
             token: lock.token_value(),
         }];
         let req = Request {
-            kind: Kind::Release,
+            phase: Phase::Release,
             ttl_ms: 0,
             items: &items,
             chase: lock.written(),
@@ -408,7 +408,7 @@ impl Redlock {
             Instant::now()
         } else {
             let req = Request {
-                kind: Kind::Acquire,
+                phase: Phase::Acquire,
                 ttl_ms,
                 items: &items,
                 chase: 0,
@@ -448,7 +448,7 @@ impl Redlock {
                 })
                 .collect();
             let req = Request {
-                kind: Kind::Release,
+                phase: Phase::Release,
                 ttl_ms: 0,
                 items: &items,
                 chase: batch.iter().fold(0, |mask, l| mask | l.written()),

@@ -32,13 +32,12 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use quorumlock::__private::core::round::Kind;
 use quorumlock::__private::core::session::{
     Answer, Expect, Expected, Login, Session, State, Status,
 };
 use quorumlock::__private::resp::encode;
 use quorumlock::__private::resp::{Limits, ProtocolError, Reply, decode};
-use quorumlock::NodeError;
+use quorumlock::{NodeError, Outcome, Phase};
 
 /// Most operations run per input.
 pub const SESSION_MAX_OPS: usize = 4096;
@@ -187,7 +186,7 @@ impl Model {
     }
 
     fn push(&mut self, e: Expect) {
-        if matches!(e.kind, Expected::Command(Kind::Acquire | Kind::Extend)) {
+        if matches!(e.kind, Expected::Command(Phase::Acquire | Phase::Extend)) {
             self.live_writes += 1;
         }
         self.owed.push_back(e);
@@ -195,7 +194,7 @@ impl Model {
 
     fn pop(&mut self) -> Expect {
         let e = self.owed.pop_front().expect("model: nothing owed to pop");
-        if matches!(e.kind, Expected::Command(Kind::Acquire | Kind::Extend)) {
+        if matches!(e.kind, Expected::Command(Phase::Acquire | Phase::Extend)) {
             self.live_writes -= 1;
         }
         e
@@ -243,21 +242,28 @@ struct Meaning {
     answer: Option<Answer>,
     /// Bytes the reply takes (when it is consumed).
     used: usize,
+    /// A handshake command answered as it must be: consumed, no answer.
+    handshake: bool,
 }
 
 /// What the next reply in `buf` (the unparsed bytes) means, owed `front`: what
-/// `next_answer` must say.
+/// `next_answer` must say of it.
 fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits) -> Meaning {
     let none = Meaning {
         answer: None,
         used: 0,
+        handshake: false,
     };
     if buf.is_empty() {
         return none;
     }
-    let broken = |error: NodeError, failed: Option<(u64, u32)>| Meaning {
-        answer: Some(Answer::Broken { error, failed }),
+    let broken = |error: NodeError, to: Option<Expect>| Meaning {
+        answer: Some(Answer {
+            to,
+            outcome: Outcome::Failed(error),
+        }),
         used: 0,
+        handshake: false,
     };
     let Some(&expect) = front else {
         return broken(NodeError::UnexpectedReply("a reply nobody asked for"), None);
@@ -272,76 +278,72 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits) -> Meaning {
         Err(e) => return broken(NodeError::Protocol(e), None),
     };
     let lossy = |m: &[u8]| String::from_utf8_lossy(m).into_owned();
-    let (round, slot) = (expect.round, expect.slot);
-    let answer = match expect.kind {
+    let outcome = match expect.kind {
         Expected::Status(want) => {
             let text: &[u8] = match want {
                 Status::Ok => b"OK",
                 Status::Pong => b"PONG",
             };
-            match reply {
-                Reply::Simple(got) if got == text => Answer::Handshake,
-                Reply::Error(m) => return broken(NodeError::Handshake(lossy(m)), None),
-                _ => return broken(NodeError::UnexpectedReply(""), None),
-            }
-        }
-        Expected::Command(kind) => {
-            let vote = |yes| Answer::Vote { round, slot, yes };
-            match (kind, reply) {
-                (Kind::Extend | Kind::Release, Reply::Error(m)) if m.starts_with(b"NOSCRIPT") => {
-                    Answer::NoScript(expect)
-                }
-                (_, Reply::Error(m)) => Answer::Refused {
-                    round,
-                    slot,
-                    error: NodeError::Server(lossy(m)),
+            return match reply {
+                Reply::Simple(got) if got == text => Meaning {
+                    answer: None,
+                    used,
+                    handshake: true,
                 },
-                (Kind::Acquire, Reply::Simple(b"OK")) => vote(true),
-                (Kind::Acquire, Reply::Bulk(None)) => vote(false),
-                (Kind::Extend | Kind::Release, Reply::Integer(1)) => vote(true),
-                (Kind::Extend | Kind::Release, Reply::Integer(0)) => vote(false),
-                _ => {
-                    return broken(NodeError::UnexpectedReply(""), Some((round, slot)));
-                }
-            }
+                Reply::Error(m) => broken(NodeError::Handshake(lossy(m)), None),
+                _ => broken(NodeError::UnexpectedReply(""), None),
+            };
         }
+        Expected::Command(phase) => match (phase, reply) {
+            (Phase::Extend | Phase::Release, Reply::Error(m)) if m.starts_with(b"NOSCRIPT") => {
+                Outcome::Failed(NodeError::NoScript)
+            }
+            (_, Reply::Error(m)) => Outcome::Failed(NodeError::Server(lossy(m))),
+            (Phase::Acquire, Reply::Simple(b"OK")) => Outcome::Locked,
+            (Phase::Acquire, Reply::Bulk(None)) => Outcome::Held,
+            (Phase::Extend, Reply::Integer(1)) => Outcome::Locked,
+            (Phase::Release, Reply::Integer(1)) => Outcome::Released,
+            (Phase::Extend | Phase::Release, Reply::Integer(0)) => Outcome::NotHeld,
+            _ => return broken(NodeError::UnexpectedReply(""), Some(expect)),
+        },
     };
     Meaning {
-        answer: Some(answer),
+        answer: Some(Answer {
+            to: Some(expect),
+            outcome,
+        }),
         used,
+        handshake: false,
     }
+}
+
+/// Whether an answer breaks the stream (the connection must be dropped).
+fn breaks(answer: &Answer) -> bool {
+    matches!(&answer.outcome, Outcome::Failed(e) if e.breaks_stream())
 }
 
 /// Equal answers; the wording of `NotRedis` and `UnexpectedReply` is not compared.
 fn same(got: &Option<Answer>, want: &Option<Answer>) -> bool {
     match (got, want) {
-        (
-            Some(Answer::Broken {
-                error: e1,
-                failed: f1,
-            }),
-            Some(Answer::Broken {
-                error: e2,
-                failed: f2,
-            }),
-        ) => {
-            f1 == f2
-                && match (e1, e2) {
-                    (NodeError::NotRedis(_), NodeError::NotRedis(_))
-                    | (NodeError::UnexpectedReply(_), NodeError::UnexpectedReply(_)) => true,
-                    _ => e1 == e2,
-                }
-        }
+        (Some(g), Some(w)) if g.to == w.to => match (&g.outcome, &w.outcome) {
+            (Outcome::Failed(NodeError::NotRedis(_)), Outcome::Failed(NodeError::NotRedis(_)))
+            | (
+                Outcome::Failed(NodeError::UnexpectedReply(_)),
+                Outcome::Failed(NodeError::UnexpectedReply(_)),
+            ) => true,
+            (a, b) => a == b,
+        },
         _ => got == want,
     }
 }
 
-/// The reply at the front of `buf` is one of the two common forms of an answer to `kind`,
-/// which `take_vote` must take.
-fn common_form(kind: Kind, buf: &[u8]) -> bool {
-    match kind {
-        Kind::Acquire => buf.starts_with(b"+OK\r\n") || buf.starts_with(b"$-1\r\n"),
-        Kind::Extend | Kind::Release => buf.starts_with(b":1\r\n") || buf.starts_with(b":0\r\n"),
+/// The reply at the front of `buf` is one of the two common forms of an answer to
+/// `phase`, which `take_vote` must take.
+fn common_form(phase: Phase, buf: &[u8]) -> bool {
+    if phase == Phase::Acquire {
+        buf.starts_with(b"+OK\r\n") || buf.starts_with(b"$-1\r\n")
+    } else {
+        buf.starts_with(b":1\r\n") || buf.starts_with(b":0\r\n")
     }
 }
 
@@ -598,6 +600,7 @@ impl Harness {
             let status = m.handshake_statuses[i];
             let e = Expect {
                 round: 0,
+                counted: false,
                 slot: 0,
                 kind: Expected::Status(status),
                 sent_at: m.now,
@@ -684,7 +687,10 @@ impl Harness {
                     self.m.state == State::Ready && self.m.unsent_len() == 0,
                     "step {step}: enqueue's idle answer"
                 );
-                if matches!(expect.kind, Expected::Command(Kind::Acquire | Kind::Extend)) {
+                if matches!(
+                    expect.kind,
+                    Expected::Command(Phase::Acquire | Phase::Extend)
+                ) {
                     self.m.live_writes += count;
                 }
                 let slots = expect.slot..expect.slot + count as u32;
@@ -730,16 +736,14 @@ impl Harness {
 
     fn enqueue(&mut self, inp: &mut Input<'_>) {
         let (k, c, d) = (inp.byte(), inp.byte(), inp.byte());
-        let kind = [Kind::Acquire, Kind::Extend, Kind::Release][usize::from(k % 3)];
-        // Bit 2: the same round again (a resend); bit 3: round 0 (fire-and-forget cleanup).
-        let round = if k & 8 != 0 {
-            0
-        } else {
-            if k & 4 == 0 || self.m.round == 0 {
-                self.m.round += 1;
-            }
-            self.m.round
-        };
+        let kind = [Phase::Acquire, Phase::Extend, Phase::Release][usize::from(k % 3)];
+        // Bit 2: the same round again (a resend); bit 3: counted by no round
+        // (fire-and-forget cleanup, tagged with the round in progress).
+        if k & 4 == 0 || self.m.round == 0 {
+            self.m.round += 1;
+        }
+        let round = self.m.round;
+        let counted = k & 8 == 0;
         let room = MAX_PENDING.saturating_sub(self.m.owed.len());
         let count = match c {
             254 if self.big_left > 0 && room > 8 => {
@@ -762,6 +766,7 @@ impl Harness {
         );
         let expect = Expect {
             round,
+            counted,
             slot,
             kind: Expected::Command(kind),
             sent_at: self.m.now,
@@ -878,14 +883,26 @@ impl Harness {
                 false
             }
             Some((round, slot, yes)) => {
-                let got = Some(Answer::Vote { round, slot, yes });
+                let phase = match front {
+                    Some(Expect {
+                        kind: Expected::Command(phase),
+                        ..
+                    }) => phase,
+                    _ => panic!("step {step}: take_vote() = {round}/{slot} owed {front:?}"),
+                };
+                let got = Some(Answer {
+                    // A reply no round counts reads as round 0.
+                    to: front
+                        .filter(|e| (if e.counted { e.round } else { 0 }, e.slot) == (round, slot)),
+                    outcome: Outcome::vote(phase, yes),
+                });
                 assert!(
                     same(&got, &meaning.answer),
                     "step {step}: take_vote() = {got:?}, owed {front:?}, the reply means {:?}",
                     meaning.answer
                 );
                 let e = self.m.consume(meaning.used);
-                if e.kind == Expected::Command(Kind::Extend) {
+                if e.kind == Expected::Command(Phase::Extend) {
                     self.m.extend_script_known = true;
                 }
                 true
@@ -897,8 +914,18 @@ impl Harness {
     /// failed.
     fn next_answer(&mut self, resend: bool) -> bool {
         let step = self.step;
-        let front = self.m.owed.front().copied();
-        let meaning = oracle(front.as_ref(), self.s.unparsed(), &self.m.limits);
+        // A handshake answered as it must be is consumed on the way to the next reply.
+        let mut offset = 0;
+        let (front, meaning) = loop {
+            let front = self.m.owed.front().copied();
+            let unparsed = &self.s.unparsed()[offset..];
+            let meaning = oracle(front.as_ref(), unparsed, &self.m.limits);
+            if !meaning.handshake {
+                break (front, meaning);
+            }
+            offset += meaning.used;
+            self.m.consume(meaning.used);
+        };
         let got = self.s.next_answer(&self.m.limits);
         assert!(
             same(&got, &meaning.answer),
@@ -907,46 +934,50 @@ impl Harness {
         );
         match got {
             None => false,
-            Some(Answer::Broken { error, failed }) => {
+            Some(answer) if breaks(&answer) => {
                 // Nothing consumed: asked again, the same; the hot path takes nothing.
                 assert_eq!(
                     self.s.owed(),
                     self.m.owed.len(),
-                    "step {step}: Broken consumed"
+                    "step {step}: a broken stream consumed"
                 );
                 assert_eq!(
                     self.s.unparsed().len(),
                     self.m.tail - self.m.head,
-                    "step {step}: Broken consumed"
+                    "step {step}: a broken stream consumed"
                 );
                 assert_eq!(
                     self.s.take_vote(),
                     None,
-                    "step {step}: take_vote() after Broken"
+                    "step {step}: take_vote() after a broken stream"
                 );
                 let again = self.s.next_answer(&self.m.limits);
                 assert!(
-                    same(
-                        &again,
-                        &Some(Answer::Broken {
-                            error: error.clone(),
-                            failed
-                        })
-                    ),
-                    "step {step}: next_answer() after Broken: {again:?}"
+                    same(&again, &Some(answer.clone())),
+                    "step {step}: next_answer() after a broken stream: {again:?}"
                 );
+                let Outcome::Failed(error) = answer.outcome else {
+                    unreachable!("breaks() holds only for failures")
+                };
                 // As the driver does: drop the connection, and with it everything owed.
                 self.fail(error);
                 false
             }
             Some(answer) => {
                 let e = self.m.consume(meaning.used);
-                if matches!(answer, Answer::Vote { .. })
-                    && e.kind == Expected::Command(Kind::Extend)
+                if !matches!(answer.outcome, Outcome::Failed(_))
+                    && e.kind == Expected::Command(Phase::Extend)
                 {
                     self.m.extend_script_known = true;
                 }
-                if let (Answer::NoScript(expect), true) = (answer, resend) {
+                if let (
+                    Answer {
+                        to: Some(expect),
+                        outcome: Outcome::Failed(NodeError::NoScript),
+                    },
+                    true,
+                ) = (answer, resend)
+                {
                     // The driver sends the script again as EVAL, owed by the same entry.
                     let mut bytes = Vec::new();
                     encode::command(

@@ -12,38 +12,72 @@
 
 use super::script;
 use super::token::Token;
+use crate::error::Phase;
 
-/// The command a frame carries, with what it needs beyond the key and token.
+/// A command a frame carries: the operation, with what it needs beyond the key and token.
 ///
 /// # Example
 ///
 /// ```
-/// use quorumlock::__private::core::command::{Cmd, Frame};
+/// use quorumlock::__private::core::command::{Command, Frame};
 /// use quorumlock::__private::core::token::Token;
 ///
 /// let mut frame = Frame::default();
-/// frame.push(Cmd::Acquire { ttl_ms: 10_000 }, b"orders:42", &Token::from_bits(1));
+/// frame.push(Command::acquire(10_000), b"orders:42", &Token::from_bits(1));
 /// assert!(frame.command(0).ends_with(b"PX\r\n$5\r\n10000\r\n"));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Cmd {
+pub struct Command {
+    /// Which operation: `SET key token NX PX ttl_ms` (acquire), the compare-and-pexpire
+    /// script (extend) or the compare-and-delete script (release).
+    pub phase: Phase,
+    /// Time to live, in milliseconds (acquire, extend; 0 for a release).
+    pub ttl_ms: u64,
+    /// A script by SHA (`EVALSHA`) when true, with the script itself (`EVAL`) when false;
+    /// ignored for acquire.
+    pub by_sha: bool,
+}
+
+impl Command {
     /// `SET key token NX PX ttl_ms`.
-    Acquire {
-        /// Time to live, in milliseconds.
-        ttl_ms: u64,
-    },
-    /// Compare-and-pexpire, by SHA (`EVALSHA`) or with the script itself (`EVAL`).
-    Extend {
-        /// New time to live, in milliseconds.
-        ttl_ms: u64,
-        /// `EVALSHA` when true, `EVAL` when false.
-        by_sha: bool,
-    },
-    /// Compare-and-delete, by SHA (`EVALSHA`) or with the script itself (`EVAL`).
-    Release {
-        /// `EVALSHA` when true, `EVAL` when false.
-        by_sha: bool,
-    },
+    #[inline]
+    pub const fn acquire(ttl_ms: u64) -> Command {
+        Command {
+            phase: Phase::Acquire,
+            ttl_ms,
+            by_sha: false,
+        }
+    }
+
+    /// Compare-and-pexpire to `ttl_ms`, by SHA or with the script.
+    #[inline]
+    pub const fn extend(ttl_ms: u64, by_sha: bool) -> Command {
+        Command {
+            phase: Phase::Extend,
+            ttl_ms,
+            by_sha,
+        }
+    }
+
+    /// Compare-and-delete, by SHA or with the script.
+    #[inline]
+    pub const fn release(by_sha: bool) -> Command {
+        Command {
+            phase: Phase::Release,
+            ttl_ms: 0,
+            by_sha,
+        }
+    }
+
+    /// `phase`'s command; `ttl_ms` is dropped for a release.
+    #[inline]
+    pub const fn new(phase: Phase, ttl_ms: u64, by_sha: bool) -> Command {
+        match phase {
+            Phase::Acquire => Command::acquire(ttl_ms),
+            Phase::Extend => Command::extend(ttl_ms, by_sha),
+            Phase::Release => Command::release(by_sha),
+        }
+    }
 }
 
 /// `SET key token NX PX ttl_ms`, appended to `out`.
@@ -60,7 +94,7 @@ pub enum Cmd {
 /// assert!(out.ends_with(b"$2\r\nNX\r\n$2\r\nPX\r\n$3\r\n500\r\n"));
 /// ```
 pub fn acquire(out: &mut Vec<u8>, key: &[u8], token: &Token, ttl_ms: u64) {
-    encode(out, Cmd::Acquire { ttl_ms }, key, token);
+    encode(out, Command::acquire(ttl_ms), key, token);
 }
 
 /// Compare-and-delete: `EVALSHA sha 1 key token`, or `EVAL script 1 key token` when
@@ -79,7 +113,7 @@ pub fn acquire(out: &mut Vec<u8>, key: &[u8], token: &Token, ttl_ms: u64) {
 /// assert!(out.windows(40).any(|w| w == RELEASE_SHA));
 /// ```
 pub fn release(out: &mut Vec<u8>, key: &[u8], token: &Token, by_sha: bool) {
-    encode(out, Cmd::Release { by_sha }, key, token);
+    encode(out, Command::release(by_sha), key, token);
 }
 
 /// Compare-and-pexpire: `EVALSHA sha 1 key token ttl_ms` (or `EVAL` as for release),
@@ -97,7 +131,7 @@ pub fn release(out: &mut Vec<u8>, key: &[u8], token: &Token, by_sha: bool) {
 /// assert!(out.ends_with(b"$5\r\n30000\r\n"));
 /// ```
 pub fn extend(out: &mut Vec<u8>, key: &[u8], token: &Token, ttl_ms: u64, by_sha: bool) {
-    encode(out, Cmd::Extend { ttl_ms, by_sha }, key, token);
+    encode(out, Command::extend(ttl_ms, by_sha), key, token);
 }
 
 /// `cmd` for `key` and `token`, appended to `out`: what [`acquire`], [`release`] and
@@ -106,16 +140,16 @@ pub fn extend(out: &mut Vec<u8>, key: &[u8], token: &Token, ttl_ms: u64, by_sha:
 /// # Example
 ///
 /// ```
-/// use quorumlock::__private::core::command::{encode, release, Cmd};
+/// use quorumlock::__private::core::command::{encode, release, Command};
 /// use quorumlock::__private::core::token::Token;
 ///
 /// let token = Token::from_bits(3);
 /// let (mut a, mut b) = (Vec::new(), Vec::new());
-/// encode(&mut a, Cmd::Release { by_sha: false }, b"k", &token);
+/// encode(&mut a, Command::release(false), b"k", &token);
 /// release(&mut b, b"k", &token, false);
 /// assert_eq!(a, b);
 /// ```
-pub fn encode(out: &mut Vec<u8>, cmd: Cmd, key: &[u8], token: &Token) {
+pub fn encode(out: &mut Vec<u8>, cmd: Command, key: &[u8], token: &Token) {
     let start = out.len();
     let parts = Parts::new(cmd, key);
     out.resize(start + parts.len, 0);
@@ -127,12 +161,12 @@ pub fn encode(out: &mut Vec<u8>, cmd: Cmd, key: &[u8], token: &Token) {
 /// # Example
 ///
 /// ```
-/// use quorumlock::__private::core::command::{Cmd, Frame};
+/// use quorumlock::__private::core::command::{Command, Frame};
 /// use quorumlock::__private::core::token::Token;
 ///
 /// let mut frame = Frame::default();
-/// frame.push(Cmd::Release { by_sha: true }, b"a", &Token::from_bits(1));
-/// frame.push(Cmd::Release { by_sha: true }, b"b", &Token::from_bits(2));
+/// frame.push(Command::release(true), b"a", &Token::from_bits(1));
+/// frame.push(Command::release(true), b"b", &Token::from_bits(2));
 /// assert_eq!(frame.count(), 2);
 /// assert!(frame.bytes().starts_with(b"*5\r\n$7\r\nEVALSHA\r\n"));
 /// assert_eq!(frame.command(0).len() + frame.command(1).len(), frame.bytes().len());
@@ -158,7 +192,7 @@ impl Frame {
 
     /// Appends one command.
     #[inline]
-    pub fn push(&mut self, cmd: Cmd, key: &[u8], token: &Token) {
+    pub fn push(&mut self, cmd: Command, key: &[u8], token: &Token) {
         let parts = Parts::new(cmd, key);
         let end = self.len + parts.len;
         if end > self.buf.len() {
@@ -199,7 +233,7 @@ impl Frame {
 
 /// A command's variable parts and its exact encoded length.
 struct Parts {
-    cmd: Cmd,
+    cmd: Command,
     key_digits: usize,
     /// The ttl (0 for release) and its number of digits (0 for release).
     ttl: u64,
@@ -285,26 +319,26 @@ const KEY_END_TOKEN_HEAD: &[u8; 7] = b"\r\n$32\r\n";
 
 impl Parts {
     #[inline]
-    fn new(cmd: Cmd, key: &[u8]) -> Parts {
+    fn new(cmd: Command, key: &[u8]) -> Parts {
         let key_digits = digits(key.len() as u64);
-        let (ttl, ttl_digits) = match cmd {
-            Cmd::Acquire { ttl_ms } | Cmd::Extend { ttl_ms, .. } => (ttl_ms, digits(ttl_ms)),
-            Cmd::Release { .. } => (0, 0),
+        let (ttl, ttl_digits) = match cmd.phase {
+            Phase::Acquire | Phase::Extend => (cmd.ttl_ms, digits(cmd.ttl_ms)),
+            Phase::Release => (0, 0),
         };
         // The same pieces `write` puts, in the same order.
-        let head = match cmd {
-            Cmd::Acquire { .. } => SET_HEAD_KEY.len(),
-            Cmd::Release { by_sha: true } => RELEASE_SHA_HEAD_KEY.len(),
-            Cmd::Extend { by_sha: true, .. } => EXTEND_SHA_HEAD_KEY.len(),
-            Cmd::Extend { by_sha: false, .. } | Cmd::Release { by_sha: false } => {
+        let head = match (cmd.phase, cmd.by_sha) {
+            (Phase::Acquire, _) => SET_HEAD_KEY.len(),
+            (Phase::Release, true) => RELEASE_SHA_HEAD_KEY.len(),
+            (Phase::Extend, true) => EXTEND_SHA_HEAD_KEY.len(),
+            (Phase::Extend | Phase::Release, false) => {
                 4 + script_len(false, script_of(cmd)) + ONE_KEY.len() + 1
             }
         };
         let key_and_token = key_digits + 2 + key.len() + KEY_END_TOKEN_HEAD.len() + 32;
-        let after_token = match cmd {
-            Cmd::Acquire { .. } => TOKEN_END_NX_PX.len(),
-            Cmd::Extend { .. } => 3,
-            Cmd::Release { .. } => 2,
+        let after_token = match cmd.phase {
+            Phase::Acquire => TOKEN_END_NX_PX.len(),
+            Phase::Extend => 3,
+            Phase::Release => 2,
         };
         let ttl_part = if ttl_digits > 0 {
             digits(ttl_digits as u64) + 2 + ttl_digits + 2
@@ -326,26 +360,26 @@ impl Parts {
     fn write(&self, dst: &mut [u8], key: &[u8], token: &Token) {
         let mut w = Writer { dst, at: 0 };
         // Everything up to the key's length is fixed for SET and for EVALSHA: one copy.
-        match self.cmd {
-            Cmd::Acquire { .. } => w.put(SET_HEAD_KEY),
-            Cmd::Release { by_sha: true } => w.put(&RELEASE_SHA_HEAD_KEY),
-            Cmd::Extend { by_sha: true, .. } => w.put(&EXTEND_SHA_HEAD_KEY),
-            Cmd::Extend { by_sha: false, .. } => {
+        match (self.cmd.phase, self.cmd.by_sha) {
+            (Phase::Acquire, _) => w.put(SET_HEAD_KEY),
+            (Phase::Release, true) => w.put(&RELEASE_SHA_HEAD_KEY),
+            (Phase::Extend, true) => w.put(&EXTEND_SHA_HEAD_KEY),
+            (Phase::Extend, false) => {
                 w.put(b"*6\r\n");
                 w.script(false, script::EXTEND, script::EXTEND_SHA);
                 w.put(b"$");
             }
-            Cmd::Release { by_sha: false } => w.put(&RELEASE_EVAL_HEAD_KEY),
+            (Phase::Release, false) => w.put(&RELEASE_EVAL_HEAD_KEY),
         }
         w.decimal(key.len() as u64, self.key_digits);
         w.put(b"\r\n");
         w.put(key);
         w.put(KEY_END_TOKEN_HEAD);
         w.put(token.as_array());
-        match self.cmd {
-            Cmd::Acquire { .. } => w.put(TOKEN_END_NX_PX),
-            Cmd::Extend { .. } => w.put(b"\r\n$"),
-            Cmd::Release { .. } => w.put(b"\r\n"),
+        match self.cmd.phase {
+            Phase::Acquire => w.put(TOKEN_END_NX_PX),
+            Phase::Extend => w.put(b"\r\n$"),
+            Phase::Release => w.put(b"\r\n"),
         }
         if self.ttl_digits > 0 {
             let n = self.ttl_digits as u64;
@@ -358,9 +392,9 @@ impl Parts {
     }
 }
 
-fn script_of(cmd: Cmd) -> &'static [u8] {
-    match cmd {
-        Cmd::Extend { .. } => script::EXTEND,
+fn script_of(cmd: Command) -> &'static [u8] {
+    match cmd.phase {
+        Phase::Extend => script::EXTEND,
         _ => script::RELEASE,
     }
 }
@@ -519,17 +553,11 @@ mod tests {
             let t = token.as_bytes();
             let ttl_text = ttl.to_string();
             let cmds = [
-                Cmd::Acquire { ttl_ms: ttl },
-                Cmd::Extend {
-                    ttl_ms: ttl,
-                    by_sha: true,
-                },
-                Cmd::Extend {
-                    ttl_ms: ttl,
-                    by_sha: false,
-                },
-                Cmd::Release { by_sha: true },
-                Cmd::Release { by_sha: false },
+                Command::acquire(ttl),
+                Command::extend(ttl, true),
+                Command::extend(ttl, false),
+                Command::release(true),
+                Command::release(false),
             ];
             if round % 7 == 0 {
                 frame.clear();
@@ -539,11 +567,18 @@ mod tests {
             for cmd in cmds {
                 let mut want = Vec::new();
                 match cmd {
-                    Cmd::Acquire { .. } => command(
+                    Command {
+                        phase: Phase::Acquire,
+                        ..
+                    } => command(
                         &mut want,
                         &[b"SET", &key, t, b"NX", b"PX", ttl_text.as_bytes()],
                     ),
-                    Cmd::Extend { by_sha, .. } => {
+                    Command {
+                        phase: Phase::Extend,
+                        by_sha,
+                        ..
+                    } => {
                         let (name, script): (&[u8], &[u8]) = if by_sha {
                             (b"EVALSHA", &script::EXTEND_SHA[..])
                         } else {
@@ -554,7 +589,11 @@ mod tests {
                             &[name, script, b"1", &key, t, ttl_text.as_bytes()],
                         )
                     }
-                    Cmd::Release { by_sha } => {
+                    Command {
+                        phase: Phase::Release,
+                        by_sha,
+                        ..
+                    } => {
                         let (name, script): (&[u8], &[u8]) = if by_sha {
                             (b"EVALSHA", &script::RELEASE_SHA[..])
                         } else {

@@ -33,11 +33,11 @@
 //!   caller passes `start` in, and the transport is asked for the time only on cold paths
 //!   (a failure, a connection established).
 
-use super::command::{self, Cmd, Frame};
-use super::round::{Kind, Round};
+use super::command::{self, Command, Frame};
+use super::round::Round;
 use super::session::{Answer, Expect, Expected, Login, Session, State};
 use super::token::Token;
-use crate::error::{NodeError, Outcome};
+use crate::error::{NodeError, Outcome, Phase};
 use crate::resp::Limits;
 use std::time::{Duration, Instant};
 
@@ -81,7 +81,7 @@ pub struct Item<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a> {
     /// The command.
-    pub kind: Kind,
+    pub phase: Phase,
     /// Its ttl (acquire, extend).
     pub ttl_ms: u64,
     /// One command per item.
@@ -276,19 +276,19 @@ impl Engine {
     pub fn begin<T: Transport>(&mut self, t: &mut T, active: &mut Active<'_>, start: Instant) {
         let req = active.req;
         self.round_id += 1;
-        self.write_until = match req.kind {
-            Kind::Release => None,
-            Kind::Acquire | Kind::Extend => start.checked_add(Duration::from_millis(req.ttl_ms)),
+        self.write_until = match req.phase {
+            Phase::Release => None,
+            Phase::Acquire | Phase::Extend => start.checked_add(Duration::from_millis(req.ttl_ms)),
         };
         active
             .round
-            .begin(req.kind, self.sessions.len(), req.items.len());
+            .begin(req.phase, self.sessions.len(), req.items.len());
         let frame = &mut self.frames[(self.round_id & 1) as usize];
         frame.clear();
         // An unlock returns at a majority and may never read the other replies, so a
         // `NOSCRIPT` there would go unanswered and leave the key: releases carry the
         // script itself. Extends use its digest once a connection has shown it cached.
-        let cmd = cmd_of(req.kind, req.ttl_ms, req.kind != Kind::Release);
+        let cmd = Command::new(req.phase, req.ttl_ms, req.phase != Phase::Release);
         for item in req.items {
             frame.push(cmd, item.key, &item.token);
         }
@@ -296,8 +296,9 @@ impl Engine {
         let mut lag_cutoff: Option<Option<Instant>> = None;
         let expect = Expect {
             round: self.round_id,
+            counted: true,
             slot: 0,
-            kind: Expected::Command(req.kind),
+            kind: Expected::Command(req.phase),
             sent_at: start,
         };
         for node in 0..self.sessions.len() {
@@ -308,7 +309,7 @@ impl Engine {
                     *lag_cutoff.get_or_insert_with(|| start.checked_sub(self.timing.node_timeout));
                 s.is_lagging(cutoff) || s.rounds_behind(self.round_id) > MAX_ROUNDS_BEHIND
             });
-            let frame_ok = req.kind != Kind::Extend || s.extend_script_known;
+            let frame_ok = req.phase != Phase::Extend || s.extend_script_known;
             if s.state == State::Ready && !s.suspect && !lagging && frame_ok {
                 s.may_resend = true;
                 s.sent = true;
@@ -375,7 +376,7 @@ impl Engine {
             } else {
                 NodeError::Lagging
             };
-            if active.req.kind == Kind::Release && chases(active.req.chase, node) {
+            if active.req.phase == Phase::Release && chases(active.req.chase, node) {
                 self.release_behind_stale(t, node, active.req.items, now);
             }
             // Nothing else new is queued for a node that does not read: its backlog would
@@ -391,8 +392,9 @@ impl Engine {
         s.note_write(self.write_until);
         let expect = Expect {
             round: self.round_id,
+            counted: true,
             slot: 0,
-            kind: Expected::Command(active.req.kind),
+            kind: Expected::Command(active.req.phase),
             sent_at: now,
         };
         let bytes = command_for(
@@ -424,15 +426,16 @@ impl Engine {
         for item in items {
             command::encode(
                 &mut self.extra,
-                Cmd::Release { by_sha: false },
+                Command::release(false),
                 item.key,
                 &item.token,
             );
         }
         let expect = Expect {
-            round: 0,
+            round: self.round_id,
+            counted: false,
             slot: 0,
-            kind: Expected::Command(Kind::Release),
+            kind: Expected::Command(Phase::Release),
             sent_at: now,
         };
         let s = &mut self.sessions[node];
@@ -626,40 +629,35 @@ impl Engine {
         // Votes count only in the round that is waiting for them; handshake and
         // fire-and-forget replies carry round 0, which never is.
         let round_id = self.round_id;
-        let current = |round: u64| round == round_id;
+        let current = |e: &Expect| e.counted && e.round == round_id;
         match answer {
-            Answer::Handshake => {}
-            Answer::Vote { round, slot, yes } => {
-                if let Some(a) = active.as_deref_mut().filter(|_| current(round)) {
-                    a.round.tally(node, slot as usize, yes);
-                }
-            }
-            Answer::Refused { round, slot, error } => {
-                if let Some(a) = active.as_deref_mut().filter(|_| current(round)) {
-                    a.round.record(node, slot as usize, Outcome::Failed(error));
-                }
-            }
-            Answer::Broken { error, failed } => {
-                if let Some((round, slot)) = failed {
-                    if let Some(a) = active.as_deref_mut().filter(|_| current(round)) {
+            Answer {
+                to,
+                outcome: Outcome::Failed(error),
+            } if error.breaks_stream() => {
+                if let Some(expect) = to {
+                    if let Some(a) = active.as_deref_mut().filter(|_| current(&expect)) {
                         a.round
-                            .record(node, slot as usize, Outcome::Failed(error.clone()));
+                            .record(node, expect.slot as usize, Outcome::Failed(error.clone()));
                     }
                 }
                 self.fail_conn(t, node, error, active);
                 return false;
             }
-            Answer::NoScript(expect) => {
+            Answer {
+                to: Some(expect),
+                outcome: Outcome::Failed(NodeError::NoScript),
+            } => {
                 let slot = expect.slot as usize;
                 self.extra.clear();
-                match active.as_deref_mut().filter(|_| current(expect.round)) {
+                match active.as_deref_mut().filter(|_| current(&expect)) {
                     // The server lost its script cache (restart, SCRIPT FLUSH): send the
                     // script itself, once, in this same round.
                     Some(a) => {
                         let Some(item) = a.req.items.get(slot) else {
                             return true;
                         };
-                        let cmd = cmd_of(a.req.kind, a.req.ttl_ms, false);
+                        let cmd = Command::new(a.req.phase, a.req.ttl_ms, false);
                         command::encode(&mut self.extra, cmd, item.key, &item.token);
                     }
                     // The round was decided before this node answered NOSCRIPT; it still
@@ -667,7 +665,11 @@ impl Engine {
                     // command reached ends up with the same key state. Only the current
                     // and the previous round's commands are kept.
                     None => {
-                        if expect.round != self.round_id && expect.round + 1 != self.round_id {
+                        // A fire-and-forget delete goes as EVAL already: a NOSCRIPT to
+                        // it is a server's confusion, and its frame is not kept.
+                        let kept =
+                            expect.round == self.round_id || expect.round + 1 == self.round_id;
+                        if !expect.counted || !kept {
                             return true;
                         }
                         let frame = &self.frames[(expect.round & 1) as usize];
@@ -680,6 +682,15 @@ impl Engine {
                 if let Err(e) = Self::send(t, s, node, &self.extra, expect, 1) {
                     self.fail_conn(t, node, e, active);
                     return false;
+                }
+            }
+            // A vote (yes, no, or refused by the server), or a NOSCRIPT to a command no
+            // one asked for, which `next_answer` never returns.
+            Answer { to, outcome } => {
+                if let Some(expect) = to {
+                    if let Some(a) = active.filter(|_| current(&expect)) {
+                        a.round.record(node, expect.slot as usize, outcome);
+                    }
                 }
             }
         }
@@ -713,8 +724,9 @@ impl Engine {
             if s.state != State::Down {
                 let expect = Expect {
                     round: self.round_id,
+                    counted: true,
                     slot: 0,
-                    kind: Expected::Command(active.req.kind),
+                    kind: Expected::Command(active.req.phase),
                     sent_at: now,
                 };
                 let bytes = command_for(
@@ -749,7 +761,7 @@ impl Engine {
             let item = &items[slot];
             command::encode(
                 &mut self.extra,
-                Cmd::Release { by_sha: false },
+                Command::release(false),
                 item.key,
                 &item.token,
             );
@@ -767,9 +779,10 @@ impl Engine {
                 continue;
             }
             let expect = Expect {
-                round: 0,
+                round: self.round_id,
+                counted: false,
                 slot: 0,
-                kind: Expected::Command(Kind::Release),
+                kind: Expected::Command(Phase::Release),
                 sent_at: now,
             };
             if let Err(e) = Self::send(t, s, node, &self.extra, expect, lost.len()) {
@@ -835,21 +848,13 @@ fn command_for<'a>(
     req: &Request<'_>,
     extend_script_known: bool,
 ) -> &'a [u8] {
-    if req.kind != Kind::Extend || extend_script_known {
+    if req.phase != Phase::Extend || extend_script_known {
         return frame.bytes();
     }
     extra.clear();
-    let cmd = cmd_of(req.kind, req.ttl_ms, false);
+    let cmd = Command::new(req.phase, req.ttl_ms, false);
     for item in req.items {
         command::encode(extra, cmd, item.key, &item.token);
     }
     extra
-}
-
-fn cmd_of(kind: Kind, ttl_ms: u64, by_sha: bool) -> Cmd {
-    match kind {
-        Kind::Acquire => Cmd::Acquire { ttl_ms },
-        Kind::Extend => Cmd::Extend { ttl_ms, by_sha },
-        Kind::Release => Cmd::Release { by_sha },
-    }
 }

@@ -30,22 +30,11 @@
 //! Changing a threshold here changes the mutual-exclusion guarantee; the tests at the
 //! bottom and `tests/sim.rs` pin them down.
 
-use crate::error::{NodeError, Outcome};
+use crate::error::{NodeError, Outcome, Phase};
 use crate::resp::Reply;
 use std::time::Instant;
 
 use super::quorum::quorum;
-
-/// The command a round carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// `SET key token NX PX ttl`.
-    Acquire,
-    /// Compare-and-pexpire script.
-    Extend,
-    /// Compare-and-delete script.
-    Release,
-}
 
 /// Where a slot stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,56 +51,53 @@ pub enum Decision {
     Done,
 }
 
-/// What one reply means for the lock. Borrows the reply, so that only a failure, the
-/// rare case, copies anything.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reaction<'a> {
-    /// A yes vote: locked, extended or released on this node.
-    Yes,
-    /// A no vote: held by another token (acquire), not ours or gone (extend, release).
-    No,
-    /// The server refused the command with this error reply (`OOM`, `LOADING`, ...).
-    Refused(&'a [u8]),
-    /// The server lost its script cache: send the script with `EVAL` and wait again.
-    NoScript,
-    /// The reply does not fit the command: count the failure and reset the connection,
-    /// since the stream can no longer be trusted to be in step.
-    Desync(&'static str),
-}
-
-/// Maps one reply to the command `kind` to what it means for the lock.
+/// What one reply to a `phase` command means for the lock, in the one vocabulary of the
+/// crate, from here up to the public error: `Locked`/`Released` (a yes), `Held`/`NotHeld`
+/// (a no), or `Failed` with why. Two failures are not votes but tell the caller what to
+/// do: [`NodeError::NoScript`] (send the script itself with `EVAL`, and wait again) and
+/// any error that [breaks the stream](NodeError::breaks_stream) (the reply does not fit
+/// its command: the connection is no longer in step and must be dropped). Only a failure,
+/// the rare case, copies anything out of the reply.
 ///
 /// # Example
 ///
 /// ```
-/// use quorumlock::__private::core::round::{interpret, Kind, Reaction};
+/// use quorumlock::__private::core::round::interpret;
 /// use quorumlock::__private::resp::Reply;
+/// use quorumlock::{NodeError, Outcome, Phase};
 ///
-/// assert_eq!(interpret(Kind::Acquire, &Reply::Simple(b"OK")), Reaction::Yes);
-/// assert_eq!(interpret(Kind::Acquire, &Reply::Bulk(None)), Reaction::No);
-/// assert_eq!(interpret(Kind::Release, &Reply::Error(b"NOSCRIPT No matching script")), Reaction::NoScript);
+/// assert_eq!(interpret(Phase::Acquire, &Reply::Simple(b"OK")), Outcome::Locked);
+/// assert_eq!(interpret(Phase::Acquire, &Reply::Bulk(None)), Outcome::Held);
+/// assert_eq!(interpret(Phase::Release, &Reply::Integer(0)), Outcome::NotHeld);
+/// assert_eq!(
+///     interpret(Phase::Release, &Reply::Error(b"NOSCRIPT No matching script")),
+///     Outcome::Failed(NodeError::NoScript),
+/// );
 /// ```
 #[inline]
-pub fn interpret<'a>(kind: Kind, reply: &Reply<'a>) -> Reaction<'a> {
-    match (kind, *reply) {
+pub fn interpret(phase: Phase, reply: &Reply<'_>) -> Outcome {
+    match (phase, *reply) {
         (_, Reply::Error(msg)) => {
-            if kind != Kind::Acquire && msg.starts_with(b"NOSCRIPT") {
-                Reaction::NoScript
+            Outcome::Failed(if phase != Phase::Acquire && msg.starts_with(b"NOSCRIPT") {
+                NodeError::NoScript
             } else {
-                Reaction::Refused(msg)
-            }
+                NodeError::Server(String::from_utf8_lossy(msg).into_owned())
+            })
         }
-        (Kind::Acquire, Reply::Simple(b"OK")) => Reaction::Yes,
-        (Kind::Acquire, Reply::Bulk(None)) => Reaction::No,
-        (Kind::Acquire, _) => Reaction::Desync("SET NX answered with neither OK nor nil"),
-        (_, Reply::Integer(1)) => Reaction::Yes,
-        (_, Reply::Integer(0)) => Reaction::No,
-        (_, _) => Reaction::Desync("script answered with something other than 0 or 1"),
+        (Phase::Acquire, Reply::Simple(b"OK")) => Outcome::Locked,
+        (Phase::Acquire, Reply::Bulk(None)) => Outcome::Held,
+        (Phase::Acquire, _) => Outcome::Failed(NodeError::UnexpectedReply(
+            "SET NX answered with neither OK nor nil",
+        )),
+        (_, Reply::Integer(yes @ (0 | 1))) => Outcome::vote(phase, yes == 1),
+        (_, _) => Outcome::Failed(NodeError::UnexpectedReply(
+            "script answered with something other than 0 or 1",
+        )),
     }
 }
 
-/// The hot-path reading of a reply: when `buf` starts with one of the two common answers
-/// to `kind` (`+OK` / `$-1` to `SET NX`, `:1` / `:0` to a script), the vote (yes or no)
+/// The hot-path reading of a reply: when `buf` starts with one of the two common answers to
+/// `phase` (`+OK` / `$-1` to `SET NX`, `:1` / `:0` to a script), the vote (yes or no)
 /// and the reply's length. `None` for anything else, complete or not: the caller then
 /// decodes it in full. Never accepts bytes that [`decode`](crate::resp::decode()) followed
 /// by [`interpret`] would read differently (the tests check this exhaustively).
@@ -119,18 +105,19 @@ pub fn interpret<'a>(kind: Kind, reply: &Reply<'a>) -> Reaction<'a> {
 /// # Example
 ///
 /// ```
-/// use quorumlock::__private::core::round::{quick_vote, Kind};
+/// use quorumlock::__private::core::round::quick_vote;
+/// use quorumlock::Phase;
 ///
-/// assert_eq!(quick_vote(Kind::Acquire, b"+OK\r\n:1\r\n"), Some((true, 5)));
-/// assert_eq!(quick_vote(Kind::Release, b":0\r\n"), Some((false, 4)));
-/// assert_eq!(quick_vote(Kind::Release, b"+OK\r\n"), None); // a desync: the slow path
-/// assert_eq!(quick_vote(Kind::Acquire, b"+OK\r"), None); // incomplete
+/// assert_eq!(quick_vote(Phase::Acquire, b"+OK\r\n:1\r\n"), Some((true, 5)));
+/// assert_eq!(quick_vote(Phase::Release, b":0\r\n"), Some((false, 4)));
+/// assert_eq!(quick_vote(Phase::Release, b"+OK\r\n"), None); // a desync: the slow path
+/// assert_eq!(quick_vote(Phase::Acquire, b"+OK\r"), None); // incomplete
 /// ```
 #[inline(always)]
-pub fn quick_vote(kind: Kind, buf: &[u8]) -> Option<(bool, usize)> {
+pub fn quick_vote(phase: Phase, buf: &[u8]) -> Option<(bool, usize)> {
     // One 4-byte compare per form instead of byte by byte.
     let head = u32::from_le_bytes(*buf.first_chunk::<4>()?);
-    if kind == Kind::Acquire {
+    if phase == Phase::Acquire {
         if buf.get(4) != Some(&b'\n') {
             return None;
         }
@@ -168,11 +155,11 @@ struct Slot {
 /// # Example
 ///
 /// ```
-/// use quorumlock::__private::core::round::{Decision, Kind, Round};
-/// use quorumlock::Outcome;
+/// use quorumlock::__private::core::round::{Decision, Round};
+/// use quorumlock::{Outcome, Phase};
 ///
 /// let mut round = Round::default();
-/// round.begin(Kind::Acquire, 5, 1);
+/// round.begin(Phase::Acquire, 5, 1);
 /// round.record(0, 0, Outcome::Locked);
 /// round.record(3, 0, Outcome::Locked);
 /// assert_eq!(round.decision(0), Decision::Open);
@@ -185,7 +172,7 @@ struct Slot {
 /// ```
 #[derive(Debug, Default)]
 pub struct Round {
-    kind: Option<Kind>,
+    phase: Option<Phase>,
     nodes: usize,
     slots: Vec<Slot>,
     // INVARIANT: votes.len() == slots.len() * nodes; votes[slot * nodes + node].
@@ -202,7 +189,7 @@ pub struct Round {
 }
 
 /// One vote, compactly; `Yes`/`No` read as `Locked`/`Held` or `Released`/`NotHeld`
-/// depending on the round's kind, `Failed` has its detail in `Round::failures`.
+/// depending on the round's phase ([`Outcome::vote`]), `Failed` has its detail in `Round::failures`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Vote {
     #[default]
@@ -213,10 +200,10 @@ enum Vote {
 }
 
 impl Round {
-    /// Starts a round of `kind` over `nodes` nodes for `slots` resources; every vote
+    /// Starts a round of `phase` over `nodes` nodes for `slots` resources; every vote
     /// pending.
-    pub fn begin(&mut self, kind: Kind, nodes: usize, slots: usize) {
-        self.kind = Some(kind);
+    pub fn begin(&mut self, phase: Phase, nodes: usize, slots: usize) {
+        self.phase = Some(phase);
         self.nodes = nodes;
         let open = Slot {
             tally: Tally {
@@ -298,14 +285,11 @@ impl Round {
     /// `node`'s vote for `slot`, if it has voted.
     pub fn vote(&self, node: usize, slot: usize) -> Option<Outcome> {
         let index = slot * self.nodes + node;
-        let release = self.kind == Some(Kind::Release);
+        let phase = self.phase?;
         match *self.votes.get(index)? {
             Vote::Pending => None,
-            Vote::Yes if release => Some(Outcome::Released),
-            Vote::Yes => Some(Outcome::Locked),
-            Vote::No if self.kind == Some(Kind::Acquire) => Some(Outcome::Held),
-            // A script's 0: the key is gone or holds another token.
-            Vote::No => Some(Outcome::NotHeld),
+            Vote::Yes => Some(Outcome::vote(phase, true)),
+            Vote::No => Some(Outcome::vote(phase, false)),
             Vote::Failed => self
                 .failures
                 .iter()
@@ -420,14 +404,14 @@ impl Round {
             return;
         }
         let t = s.tally;
-        s.decision = match self.kind {
+        s.decision = match self.phase {
             // A release is decided once a majority has answered (the lock is free: no
             // majority holds our key any more) or can no longer answer; the rest of the
             // replies are read, and dropped, by later calls.
-            Some(Kind::Release) if t.yes + t.no >= q || t.pending == 0 || t.failed > spare => {
+            Some(Phase::Release) if t.yes + t.no >= q || t.pending == 0 || t.failed > spare => {
                 Decision::Done
             }
-            Some(Kind::Release) => return,
+            Some(Phase::Release) => return,
             _ if t.yes >= q => Decision::Won,
             _ if t.no > spare => Decision::Taken,
             _ if t.no + t.failed > spare => Decision::Unavailable,
@@ -447,15 +431,15 @@ mod tests {
         static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
         *BASE.get_or_init(Instant::now)
     }
-    fn round(kind: Kind, n: usize) -> (Round, Instant) {
+    fn round(phase: Phase, n: usize) -> (Round, Instant) {
         let mut r = Round::default();
-        r.begin(kind, n, 1);
+        r.begin(phase, n, 1);
         (r, base())
     }
 
     #[test]
     fn acquire_wins_at_quorum_without_the_slow_minority() {
-        let (mut r, _) = round(Kind::Acquire, 5);
+        let (mut r, _) = round(Phase::Acquire, 5);
         r.record(4, 0, Outcome::Locked);
         r.record(2, 0, Outcome::Held);
         r.record(0, 0, Outcome::Locked);
@@ -467,7 +451,7 @@ mod tests {
 
     #[test]
     fn acquire_is_taken_once_others_hold_a_blocking_minority() {
-        let (mut r, _) = round(Kind::Acquire, 5);
+        let (mut r, _) = round(Phase::Acquire, 5);
         r.record(0, 0, Outcome::Held);
         r.record(1, 0, Outcome::Held);
         assert_eq!(r.decision(0), Decision::Open);
@@ -477,7 +461,7 @@ mod tests {
 
     #[test]
     fn acquire_is_unavailable_when_failures_rule_out_quorum() {
-        let (mut r, _) = round(Kind::Acquire, 5);
+        let (mut r, _) = round(Phase::Acquire, 5);
         r.fail_node(0, &NodeError::Closed);
         r.record(1, 0, Outcome::Held);
         assert_eq!(r.decision(0), Decision::Open);
@@ -487,7 +471,7 @@ mod tests {
 
     #[test]
     fn a_late_vote_never_changes_a_decision() {
-        let (mut r, _) = round(Kind::Acquire, 3);
+        let (mut r, _) = round(Phase::Acquire, 3);
         r.record(0, 0, Outcome::Held);
         r.record(1, 0, Outcome::Held);
         assert_eq!(r.decision(0), Decision::Taken);
@@ -499,7 +483,7 @@ mod tests {
 
     #[test]
     fn release_is_done_at_a_majority_of_answers_and_counts_deletions() {
-        let (mut r, _) = round(Kind::Release, 5);
+        let (mut r, _) = round(Phase::Release, 5);
         r.record(0, 0, Outcome::Released);
         r.record(1, 0, Outcome::NotHeld);
         assert_eq!(r.decision(0), Decision::Open);
@@ -521,7 +505,7 @@ mod tests {
 
     #[test]
     fn release_is_done_when_no_majority_can_answer() {
-        let (mut r, t) = round(Kind::Release, 5);
+        let (mut r, t) = round(Phase::Release, 5);
         r.record(0, 0, Outcome::Released);
         r.record(1, 0, Outcome::NoReply);
         r.record(2, 0, Outcome::Failed(NodeError::Lagging));
@@ -529,7 +513,7 @@ mod tests {
         r.record(3, 0, Outcome::Failed(NodeError::Closed));
         assert_eq!(r.decision(0), Decision::Done);
         assert_eq!(r.answered(0), 1);
-        let (mut r, _) = round(Kind::Release, 3);
+        let (mut r, _) = round(Phase::Release, 3);
         r.record(0, 0, Outcome::Released);
         r.time_out(t);
         assert_eq!((r.decision(0), r.answered(0)), (Decision::Done, 1));
@@ -538,7 +522,7 @@ mod tests {
     #[test]
     fn time_out_decides_every_slot() {
         let mut r = Round::default();
-        r.begin(Kind::Acquire, 5, 3);
+        r.begin(Phase::Acquire, 5, 3);
         let t = base();
         for node in 0..3 {
             r.record(node, 0, Outcome::Locked);
@@ -565,7 +549,7 @@ mod tests {
             Outcome::Failed(NodeError::Closed),
         ];
         for code in 0..4usize.pow(5) {
-            let (mut r, _) = round(Kind::Acquire, 5);
+            let (mut r, _) = round(Phase::Acquire, 5);
             let mut c = code;
             let (mut yes, mut no) = (0, 0);
             for node in 0..5 {
@@ -588,33 +572,48 @@ mod tests {
 
     #[test]
     fn interpret_maps_replies_and_flags_desync() {
-        let desync_set = Reaction::Desync("SET NX answered with neither OK nor nil");
-        assert_eq!(interpret(Kind::Acquire, &Reply::Integer(1)), desync_set);
-        assert_eq!(interpret(Kind::Extend, &Reply::Integer(1)), Reaction::Yes);
-        assert_eq!(interpret(Kind::Extend, &Reply::Integer(0)), Reaction::No);
-        assert_eq!(interpret(Kind::Release, &Reply::Integer(0)), Reaction::No);
-        assert!(matches!(
-            interpret(Kind::Release, &Reply::Integer(7)),
-            Reaction::Desync(_)
-        ));
-        assert!(matches!(
-            interpret(Kind::Release, &Reply::Simple(b"OK")),
-            Reaction::Desync(_)
-        ));
+        let desync = |o: Outcome| matches!(o, Outcome::Failed(e) if e.breaks_stream());
+        assert!(desync(interpret(Phase::Acquire, &Reply::Integer(1))));
+        assert_eq!(
+            interpret(Phase::Acquire, &Reply::Simple(b"OK")),
+            Outcome::Locked
+        );
+        assert_eq!(interpret(Phase::Acquire, &Reply::Bulk(None)), Outcome::Held);
+        assert_eq!(
+            interpret(Phase::Extend, &Reply::Integer(1)),
+            Outcome::Locked
+        );
+        assert_eq!(
+            interpret(Phase::Extend, &Reply::Integer(0)),
+            Outcome::NotHeld
+        );
+        assert_eq!(
+            interpret(Phase::Release, &Reply::Integer(1)),
+            Outcome::Released
+        );
+        assert_eq!(
+            interpret(Phase::Release, &Reply::Integer(0)),
+            Outcome::NotHeld
+        );
+        assert!(desync(interpret(Phase::Release, &Reply::Integer(7))));
+        assert!(desync(interpret(Phase::Release, &Reply::Simple(b"OK"))));
         // NOSCRIPT cannot happen to SET: it is an ordinary refusal there.
         assert_eq!(
-            interpret(Kind::Acquire, &Reply::Error(b"NOSCRIPT x")),
-            Reaction::Refused(b"NOSCRIPT x")
+            interpret(Phase::Acquire, &Reply::Error(b"NOSCRIPT x")),
+            Outcome::Failed(NodeError::Server("NOSCRIPT x".into()))
         );
         assert_eq!(
-            interpret(Kind::Extend, &Reply::Error(b"OOM")),
-            Reaction::Refused(b"OOM")
+            interpret(Phase::Extend, &Reply::Error(b"NOSCRIPT x")),
+            Outcome::Failed(NodeError::NoScript)
         );
+        let refused = interpret(Phase::Extend, &Reply::Error(b"OOM"));
+        assert_eq!(refused, Outcome::Failed(NodeError::Server("OOM".into())));
+        assert!(!desync(refused));
     }
 
     #[test]
     fn decisions_are_stamped_by_the_caller_and_time_out_stamps_its_own() {
-        let (mut r, t) = round(Kind::Acquire, 3);
+        let (mut r, t) = round(Phase::Acquire, 3);
         r.tally(0, 0, true);
         r.tally(1, 0, true);
         assert_eq!(r.decision(0), Decision::Won);
@@ -632,13 +631,13 @@ mod tests {
         r.stamp(later + std::time::Duration::from_secs(1));
         assert_eq!(r.decided_at(0), Some(later));
 
-        let (mut r, t) = round(Kind::Acquire, 3);
+        let (mut r, t) = round(Phase::Acquire, 3);
         r.tally(0, 0, true);
         r.time_out(t);
         assert_eq!(r.decision(0), Decision::Unavailable);
         assert_eq!(r.decided_at(0), Some(t));
         // A fresh round forgets stamps it was never given.
-        r.begin(Kind::Acquire, 3, 1);
+        r.begin(Phase::Acquire, 3, 1);
         r.tally(0, 0, false);
         r.tally(1, 0, false);
         assert!(r.has_unstamped());
@@ -653,13 +652,13 @@ mod tests {
         use crate::resp::{Limits, decode};
         let alphabet = b"+-:$*OK01\r\nX";
         let limits = Limits::default();
-        let check = |kind: Kind, buf: &[u8]| {
+        let check = |kind: Phase, buf: &[u8]| {
             if let Some((yes, used)) = quick_vote(kind, buf) {
                 let (reply, len) = decode(buf, &limits)
                     .expect("accepted bytes must parse")
                     .expect("accepted bytes must be complete");
                 assert_eq!(len, used, "{:?}", buf.escape_ascii().to_string());
-                let want = if yes { Reaction::Yes } else { Reaction::No };
+                let want = Outcome::vote(kind, yes);
                 assert_eq!(interpret(kind, &reply), want, "{kind:?}");
             }
         };
@@ -672,7 +671,7 @@ mod tests {
                     buf.push(alphabet[(c % alphabet.len() as u64) as usize]);
                     c /= alphabet.len() as u64;
                 }
-                for kind in [Kind::Acquire, Kind::Extend, Kind::Release] {
+                for kind in [Phase::Acquire, Phase::Extend, Phase::Release] {
                     check(kind, &buf);
                 }
             }
@@ -681,17 +680,17 @@ mod tests {
         for _ in 0..200_000 {
             buf.clear();
             buf.extend((0..rng.usize(0..12)).map(|_| alphabet[rng.usize(..alphabet.len())]));
-            for kind in [Kind::Acquire, Kind::Extend, Kind::Release] {
+            for kind in [Phase::Acquire, Phase::Extend, Phase::Release] {
                 check(kind, &buf);
             }
         }
         for (kind, reply, vote) in [
-            (Kind::Acquire, &b"+OK\r\n"[..], Some((true, 5))),
-            (Kind::Acquire, b"$-1\r\n", Some((false, 5))),
-            (Kind::Extend, b":1\r\n", Some((true, 4))),
-            (Kind::Release, b":0\r\n", Some((false, 4))),
-            (Kind::Acquire, b":1\r\n", None),
-            (Kind::Release, b"$-1\r\n", None),
+            (Phase::Acquire, &b"+OK\r\n"[..], Some((true, 5))),
+            (Phase::Acquire, b"$-1\r\n", Some((false, 5))),
+            (Phase::Extend, b":1\r\n", Some((true, 4))),
+            (Phase::Release, b":0\r\n", Some((false, 4))),
+            (Phase::Acquire, b":1\r\n", None),
+            (Phase::Release, b"$-1\r\n", None),
         ] {
             let mut stream = reply.to_vec();
             stream.extend_from_slice(b"+OK\r\n");
@@ -701,8 +700,8 @@ mod tests {
 
     #[test]
     fn tally_and_record_agree() {
-        let (mut a, _) = round(Kind::Release, 3);
-        let (mut b, _) = round(Kind::Release, 3);
+        let (mut a, _) = round(Phase::Release, 3);
+        let (mut b, _) = round(Phase::Release, 3);
         a.tally(0, 0, true);
         a.tally(1, 0, false);
         a.tally(1, 0, true); // second vote ignored

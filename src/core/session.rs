@@ -23,8 +23,8 @@
 //! - `outbox` never exceeds `MAX_OUTBOX` bytes, nor `pending` `MAX_PENDING` entries.
 
 use super::fifo::Fifo;
-use super::round::{Kind, Reaction, interpret, quick_vote};
-use crate::error::NodeError;
+use super::round::{interpret, quick_vote};
+use crate::error::{NodeError, Outcome, Phase};
 use crate::resp::encode::command;
 use crate::resp::{Limits, Progress, ProtocolError, Reply, decode_resume};
 use bytes::{Buf, BytesMut};
@@ -46,8 +46,12 @@ const PENDING: usize = 128;
 /// What a queued reply belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Expect {
-    /// The round that counts this reply; 0 for replies nobody waits for.
+    /// The round in progress when the command was sent (0 for a handshake): what
+    /// [`Session::rounds_behind`] measures from.
     pub round: u64,
+    /// Whether that round counts the reply as a vote; false for replies nobody waits
+    /// for (handshake, the fire-and-forget deletes).
+    pub counted: bool,
     /// Which resource of the round.
     pub slot: u32,
     /// The command it answers.
@@ -62,7 +66,7 @@ pub enum Expected {
     /// A handshake command (AUTH, SELECT, PING) and the status it must answer.
     Status(Status),
     /// A lock command.
-    Command(Kind),
+    Command(Phase),
 }
 
 /// The status line a handshake command must answer with.
@@ -96,40 +100,29 @@ pub enum State {
     Ready,
 }
 
-/// What the next reply in a node's inbox means, once consumed.
+/// The next reply in a node's inbox, read whole: the command it answers and what it
+/// means ([`interpret`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Answer {
-    /// A handshake command was answered as it must be.
-    Handshake,
-    /// A vote for `slot` of `round` (which may be over: the caller drops it then).
-    Vote {
-        /// The round the command belonged to.
-        round: u64,
-        /// The resource within the round.
-        slot: u32,
-        /// Locked, extended or released.
-        yes: bool,
-    },
-    /// The server refused the command (`OOM`, `LOADING`, `READONLY`, ...): a failed vote.
-    Refused {
-        /// The round the command belonged to.
-        round: u64,
-        /// The resource within the round.
-        slot: u32,
-        /// The server's error.
-        error: NodeError,
-    },
-    /// The server lost its script cache: the command must go again, as EVAL.
-    NoScript(Expect),
-    /// The stream can no longer be trusted (a reply nobody asked for, bytes that are not
-    /// RESP, a refused login, a reply that does not fit its command): drop the
-    /// connection. `failed` is the command it was answering, whose vote fails.
-    Broken {
-        /// Why.
-        error: NodeError,
-        /// The (round, slot) of the command answered, if it was a lock command.
-        failed: Option<(u64, u32)>,
-    },
+pub struct Answer {
+    /// The lock command answered (its round and slot); `None` when the stream broke
+    /// before a reply could be matched to one (bytes that are not RESP, a reply nobody
+    /// asked for, a handshake answered wrongly).
+    pub to: Option<Expect>,
+    /// What the reply means. `Failed` with an error that
+    /// [breaks the stream](NodeError::breaks_stream) leaves the reply unconsumed: the
+    /// connection must be dropped. [`NodeError::NoScript`]: the command must go again,
+    /// as `EVAL`. Anything else is the node's vote for `to`'s round and slot (which may
+    /// be over: the caller drops it then).
+    pub outcome: Outcome,
+}
+
+impl Answer {
+    fn broken(to: Option<Expect>, error: NodeError) -> Answer {
+        Answer {
+            to,
+            outcome: Outcome::Failed(error),
+        }
+    }
 }
 
 /// The login a new connection sends before anything else.
@@ -270,6 +263,7 @@ impl Session {
     fn expect_status(&mut self, status: Status, now: Instant) {
         self.pending.push_back(Expect {
             round: 0,
+            counted: false,
             slot: 0,
             kind: Expected::Status(status),
             sent_at: now,
@@ -412,94 +406,88 @@ impl Session {
     #[inline(always)]
     pub fn take_vote(&mut self) -> Option<(u64, u32, bool)> {
         let expect = self.pending.front()?;
-        let Expected::Command(kind) = expect.kind else {
+        let Expected::Command(phase) = expect.kind else {
             return None;
         };
         let buf = self.inbox.get(self.head..self.tail)?;
-        let (yes, used) = quick_vote(kind, buf)?;
-        let vote = (expect.round, expect.slot, yes);
-        self.extend_script_known |= kind == Kind::Extend;
+        let (yes, used) = quick_vote(phase, buf)?;
+        // Round 0 is never in progress: a reply nobody waits for is read and dropped.
+        let round = if expect.counted { expect.round } else { 0 };
+        let vote = (round, expect.slot, yes);
+        self.extend_script_known |= phase == Phase::Extend;
         self.consume(used);
         Some(vote)
     }
 
-    /// Reads the next complete reply in the inbox, in full generality, and says what it
-    /// means; `None` while it is incomplete (or the inbox is empty). Everything but
-    /// [`Answer::Broken`] consumes the reply and its entry in `pending`.
+    /// Reads the next complete reply to a lock command in the inbox, in full generality,
+    /// and says what it means; `None` while it is incomplete (or the inbox is empty). A
+    /// handshake reply answered as it must be is consumed on the way. Everything but an
+    /// answer that breaks the stream consumes the reply and its entry in `pending`.
     pub fn next_answer(&mut self, limits: &Limits) -> Option<Answer> {
-        if !self.has_input() {
-            return None;
-        }
-        let Some(expect) = self.pending.front().copied() else {
-            return Some(Answer::Broken {
-                error: NodeError::UnexpectedReply("a reply nobody asked for"),
-                failed: None,
-            });
-        };
-        let (reply, used) = match self.peek(limits) {
-            Ok(None) => return None,
-            Ok(Some(parsed)) => parsed,
-            Err(e) => {
-                let error = match (e, expect.kind) {
-                    // The first reply is not RESP at all: say what the peer is not.
-                    (ProtocolError::UnknownType(_), Expected::Status(_)) => {
-                        NodeError::not_redis(self.unparsed())
-                    }
-                    _ => NodeError::Protocol(e),
-                };
-                return Some(Answer::Broken {
-                    error,
-                    failed: None,
-                });
+        loop {
+            if !self.has_input() {
+                return None;
             }
-        };
-        let (round, slot) = (expect.round, expect.slot);
-        // The reply borrows the inbox: decide, then consume; copy only what a failure
-        // reports.
-        let answer = match expect.kind {
-            Expected::Status(want) => match reply {
-                Reply::Simple(got) if got == want.text() => Answer::Handshake,
-                Reply::Error(msg) => Answer::Broken {
-                    error: NodeError::Handshake(lossy(msg)),
-                    failed: None,
-                },
-                _ => Answer::Broken {
-                    error: NodeError::UnexpectedReply(
-                        "the handshake (AUTH, SELECT, PING) was answered out of step",
-                    ),
-                    failed: None,
-                },
-            },
-            Expected::Command(kind) => match interpret(kind, &reply) {
-                reaction @ (Reaction::Yes | Reaction::No) => Answer::Vote {
-                    round,
-                    slot,
-                    yes: reaction == Reaction::Yes,
-                },
-                Reaction::Refused(msg) => Answer::Refused {
-                    round,
-                    slot,
-                    error: NodeError::Server(lossy(msg)),
-                },
-                Reaction::NoScript => Answer::NoScript(expect),
-                Reaction::Desync(what) => Answer::Broken {
-                    error: NodeError::UnexpectedReply(what),
-                    failed: Some((round, slot)),
-                },
-            },
-        };
-        if !matches!(answer, Answer::Broken { .. }) {
-            self.consume(used);
+            let Some(expect) = self.pending.front().copied() else {
+                return Some(Answer::broken(
+                    None,
+                    NodeError::UnexpectedReply("a reply nobody asked for"),
+                ));
+            };
+            let (reply, used) = match self.peek(limits) {
+                Ok(None) => return None,
+                Ok(Some(parsed)) => parsed,
+                Err(e) => {
+                    let error = match (e, expect.kind) {
+                        // The first reply is not RESP at all: say what the peer is not.
+                        (ProtocolError::UnknownType(_), Expected::Status(_)) => {
+                            NodeError::not_redis(self.unparsed())
+                        }
+                        _ => NodeError::Protocol(e),
+                    };
+                    return Some(Answer::broken(None, error));
+                }
+            };
+            // The reply borrows the inbox: decide, then consume; copy only what a failure
+            // reports.
+            let phase = match expect.kind {
+                Expected::Status(want) => {
+                    let error = match reply {
+                        Reply::Simple(got) if got == want.text() => {
+                            self.consume(used);
+                            continue;
+                        }
+                        Reply::Error(msg) => {
+                            NodeError::Handshake(String::from_utf8_lossy(msg).into_owned())
+                        }
+                        _ => NodeError::UnexpectedReply(
+                            "the handshake (AUTH, SELECT, PING) was answered out of step",
+                        ),
+                    };
+                    return Some(Answer::broken(None, error));
+                }
+                Expected::Command(phase) => phase,
+            };
+            let outcome = interpret(phase, &reply);
+            match &outcome {
+                Outcome::Failed(e) if e.breaks_stream() => {}
+                Outcome::Failed(_) => self.consume(used),
+                _ => {
+                    self.consume(used);
+                    // The extend script answered 0 or 1: the node has it cached.
+                    self.extend_script_known |= phase == Phase::Extend;
+                }
+            }
+            return Some(Answer {
+                to: Some(expect),
+                outcome,
+            });
         }
-        // The extend script answered 0 or 1: the node has it cached.
-        if matches!(answer, Answer::Vote { .. }) && expect.kind == Expected::Command(Kind::Extend) {
-            self.extend_script_known = true;
-        }
-        Some(answer)
     }
 
-    /// How many rounds before `round` the oldest reply the node owes was sent in; 0 when
-    /// it owes none, or only replies no round waits for (handshake, fire-and-forget).
+    /// How many rounds before `round` the oldest reply the node owes was sent in (counted
+    /// or not: a fire-and-forget delete at the front lags like a vote); 0 when it owes
+    /// none, or only its handshake.
     #[inline]
     pub fn rounds_behind(&self, round: u64) -> u64 {
         match self.pending.front() {
@@ -586,7 +574,7 @@ impl Session {
             && self
                 .pending
                 .iter()
-                .any(|e| matches!(e.kind, Expected::Command(Kind::Acquire | Kind::Extend)))
+                .any(|e| matches!(e.kind, Expected::Command(Phase::Acquire | Phase::Extend)))
     }
 
     /// The connection is gone: everything queued on it is dropped; a new one is opened
@@ -616,10 +604,6 @@ impl Session {
     }
 }
 
-fn lossy(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -637,9 +621,10 @@ mod tests {
         }
     }
 
-    fn command_expect(round: u64, kind: Kind, at: Instant) -> Expect {
+    fn command_expect(round: u64, kind: Phase, at: Instant) -> Expect {
         Expect {
             round,
+            counted: round != 0,
             slot: 0,
             kind: Expected::Command(kind),
             sent_at: at,
@@ -674,7 +659,10 @@ mod tests {
         assert!(!s.has_unsent());
         assert_eq!(s.pending.len(), 3);
         // A command is pipelined right behind the written handshake: the line is idle.
-        assert!(s.enqueue(command_expect(1, Kind::Acquire, now), 1).unwrap());
+        assert!(
+            s.enqueue(command_expect(1, Phase::Acquire, now), 1)
+                .unwrap()
+        );
     }
 
     #[test]
@@ -698,11 +686,12 @@ mod tests {
         assert_eq!(reply, Reply::Simple(b"PONG"));
         s.consume(used);
         assert!(!s.handshaking());
-        s.enqueue(command_expect(7, Kind::Acquire, now), 1).unwrap();
+        s.enqueue(command_expect(7, Phase::Acquire, now), 1)
+            .unwrap();
         s.enqueue(
             Expect {
                 slot: 0,
-                ..command_expect(8, Kind::Release, now)
+                ..command_expect(8, Phase::Release, now)
             },
             2,
         )
@@ -731,7 +720,7 @@ mod tests {
         // Handshake unanswered past the connect timeout: expired.
         assert!(s.connect_expired(t0 + ms(1001), ms(1000)));
         // ...unless a SET that may still apply was written behind it.
-        s.enqueue(command_expect(1, Kind::Acquire, t0), 1).unwrap();
+        s.enqueue(command_expect(1, Phase::Acquire, t0), 1).unwrap();
         s.note_write(Some(t0 + ms(5000)));
         assert!(s.holds_live_write(t0 + ms(4999)));
         assert!(!s.connect_expired(t0 + ms(1001), ms(1000)));
@@ -760,19 +749,21 @@ mod tests {
         s.opened(now);
         assert!(s.queue(&vec![0; MAX_OUTBOX]).is_err());
         assert!(
-            s.enqueue(command_expect(1, Kind::Release, now), MAX_PENDING)
+            s.enqueue(command_expect(1, Phase::Release, now), MAX_PENDING)
                 .is_err()
         );
     }
 
     /// A session past its handshake, owing the given commands (round 1, slots 0..).
-    fn ready_owing(kinds: &[Kind]) -> Session {
+    fn ready_owing(kinds: &[Phase]) -> Session {
         let now = base();
         let mut s = Session::new(Login::default(), now);
         s.opened(now);
         s.established(now).unwrap();
         feed(&mut s, b"+PONG\r\n");
-        assert_eq!(s.next_answer(&Limits::default()), Some(Answer::Handshake));
+        // The handshake's answer is consumed on the way: no lock command is answered.
+        assert_eq!(s.next_answer(&Limits::default()), None);
+        assert!(!s.handshaking());
         for (slot, &kind) in kinds.iter().enumerate() {
             let expect = Expect {
                 slot: slot as u32,
@@ -786,62 +777,56 @@ mod tests {
     #[test]
     fn every_reply_means_one_thing_and_nothing_is_counted_twice() {
         let limits = Limits::default();
-        let mut s = ready_owing(&[Kind::Acquire, Kind::Extend, Kind::Release, Kind::Release]);
+        let mut s = ready_owing(&[
+            Phase::Acquire,
+            Phase::Extend,
+            Phase::Release,
+            Phase::Release,
+        ]);
         feed(
             &mut s,
             b"-OOM command not allowed\r\n:1\r\n-NOSCRIPT No matching script\r\n+OK\r\n",
         );
+        let answer = |s: &mut Session| {
+            let a = s.next_answer(&limits).expect("a complete reply");
+            (a.to.map(|e| (e.round, e.slot)), a.outcome)
+        };
         assert_eq!(
-            s.next_answer(&limits),
-            Some(Answer::Refused {
-                round: 1,
-                slot: 0,
-                error: NodeError::Server("OOM command not allowed".into())
-            })
+            answer(&mut s),
+            (
+                Some((1, 0)),
+                Outcome::Failed(NodeError::Server("OOM command not allowed".into()))
+            )
         );
-        assert_eq!(
-            s.next_answer(&limits),
-            Some(Answer::Vote {
-                round: 1,
-                slot: 1,
-                yes: true
-            })
-        );
+        assert_eq!(answer(&mut s), (Some((1, 1)), Outcome::Locked));
         assert!(s.extend_script_known);
-        assert!(matches!(
-            s.next_answer(&limits),
-            Some(Answer::NoScript(Expect { slot: 2, .. }))
-        ));
-        // `+OK` to a script: the stream is out of step; the vote of that command fails.
         assert_eq!(
-            s.next_answer(&limits),
-            Some(Answer::Broken {
-                error: NodeError::UnexpectedReply(
-                    "script answered with something other than 0 or 1"
-                ),
-                failed: Some((1, 3)),
-            })
+            answer(&mut s),
+            (Some((1, 2)), Outcome::Failed(NodeError::NoScript))
         );
+        // `+OK` to a script: the stream is out of step; the vote of that command fails
+        // and the reply stays where it is (the connection is dropped).
+        let unexpected =
+            NodeError::UnexpectedReply("script answered with something other than 0 or 1");
+        assert_eq!(
+            answer(&mut s),
+            (Some((1, 3)), Outcome::Failed(unexpected.clone()))
+        );
+        assert_eq!(answer(&mut s), (Some((1, 3)), Outcome::Failed(unexpected)));
     }
 
     #[test]
     fn a_reply_nobody_asked_for_breaks_the_stream() {
         let limits = Limits::default();
-        let mut s = ready_owing(&[Kind::Acquire]);
+        let mut s = ready_owing(&[Phase::Acquire]);
         feed(&mut s, b"$-1\r\n+OK\r\n");
+        let vote = s.next_answer(&limits).unwrap();
+        assert_eq!((vote.to.unwrap().round, vote.outcome), (1, Outcome::Held));
         assert_eq!(
             s.next_answer(&limits),
-            Some(Answer::Vote {
-                round: 1,
-                slot: 0,
-                yes: false
-            })
-        );
-        assert_eq!(
-            s.next_answer(&limits),
-            Some(Answer::Broken {
-                error: NodeError::UnexpectedReply("a reply nobody asked for"),
-                failed: None,
+            Some(Answer {
+                to: None,
+                outcome: Outcome::Failed(NodeError::UnexpectedReply("a reply nobody asked for")),
             })
         );
     }
@@ -856,7 +841,7 @@ mod tests {
         feed(&mut s, b"HTTP/1.1 400 Bad Request\r\n");
         assert!(matches!(
             s.next_answer(&limits),
-            Some(Answer::Broken { error: NodeError::NotRedis(ref shown), failed: None })
+            Some(Answer { to: None, outcome: Outcome::Failed(NodeError::NotRedis(ref shown)) })
                 if shown.starts_with("HTTP/1.1 400")
         ));
         let mut s = Session::new(
@@ -871,11 +856,11 @@ mod tests {
         feed(&mut s, b"-WRONGPASS invalid username-password pair\r\n");
         assert!(matches!(
             s.next_answer(&limits),
-            Some(Answer::Broken { error: NodeError::Handshake(ref m), failed: None })
+            Some(Answer { to: None, outcome: Outcome::Failed(NodeError::Handshake(ref m)) })
                 if m.starts_with("WRONGPASS")
         ));
         // An incomplete reply is no answer yet.
-        let mut s = ready_owing(&[Kind::Acquire]);
+        let mut s = ready_owing(&[Phase::Acquire]);
         feed(&mut s, b"+O");
         assert_eq!(s.next_answer(&limits), None);
     }
@@ -886,13 +871,14 @@ mod tests {
         let mut s = ready_owing(&[]);
         assert_eq!(s.rounds_behind(9), 0);
         // A batch of 1,000 commands in round 3 is one round, however many replies.
-        s.enqueue(command_expect(3, Kind::Acquire, now), 1000)
+        s.enqueue(command_expect(3, Phase::Acquire, now), 1000)
             .unwrap();
         assert_eq!(s.rounds_behind(4), 1);
         assert_eq!(s.rounds_behind(70), 67);
         // Fire-and-forget replies (round 0) at the front say nothing of rounds.
         let mut s = ready_owing(&[]);
-        s.enqueue(command_expect(0, Kind::Release, now), 1).unwrap();
+        s.enqueue(command_expect(0, Phase::Release, now), 1)
+            .unwrap();
         assert_eq!(s.rounds_behind(70), 0);
     }
 }

@@ -32,8 +32,9 @@ pub(crate) mod conn;
 use crate::config::{Endpoint, Settings};
 use crate::core::budget::WaitBudget;
 use crate::core::engine::{Active, Engine, Item, Request, Timing};
-use crate::core::round::{Kind, Round};
+use crate::core::round::Round;
 use crate::core::session::Login;
+use crate::error::Phase;
 use conn::Net;
 use mio::{Events, Poll};
 use std::io;
@@ -105,7 +106,7 @@ impl Driver {
         // A release is decided by a majority, but does not return while a delete it
         // wrote is still waiting in the process (a connection being reopened): nothing
         // else might flush it. Bounded, like the round, by `node_timeout`.
-        let release = req.kind == Kind::Release;
+        let release = req.phase == Phase::Release;
         while !active.round.is_done() || (release && self.engine.writes_pending()) {
             let timeout = match budget.next_wait() {
                 Some(wait) => wait,

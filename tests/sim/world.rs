@@ -48,17 +48,17 @@
 
 use crate::check::{Hold, overlaps};
 use crate::node::{ConnId, SimNode, SimTime};
-use quorumlock::__private::core::command::{Cmd, encode};
+use quorumlock::__private::core::command::{Command, encode};
 use quorumlock::__private::core::engine::{
     Active, Engine, Item, Received, Request, Timing, Transport, chases,
 };
 use quorumlock::__private::core::quorum::{
     acquired_until, deadline, extended_until, quorum, safe_span,
 };
-use quorumlock::__private::core::round::{Decision, Kind, Round};
+use quorumlock::__private::core::round::{Decision, Round};
 use quorumlock::__private::core::session::Login;
 use quorumlock::__private::core::token::{Token, TokenSource};
-use quorumlock::{Limits, NodeError, Outcome};
+use quorumlock::{Limits, NodeError, Outcome, Phase};
 use std::collections::{HashSet, VecDeque};
 use std::io::ErrorKind;
 use std::time::{Duration, Instant};
@@ -428,7 +428,7 @@ fn refused() -> NodeError {
 // Clients
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
+enum Stage {
     /// Starts its next operation at this global time.
     Idle(SimTime),
     /// A round is in progress; times out at this global time.
@@ -461,10 +461,10 @@ struct Client {
     rng: fastrand::Rng,
     items: [Item<'static>; 1],
     res: usize,
-    kind: Kind,
+    phase: Phase,
     ttl_ms: u64,
     chase: u64,
-    phase: Phase,
+    stage: Stage,
     lock: Option<Held>,
     ops_left: u32,
     attempt: u32,
@@ -484,15 +484,15 @@ impl Client {
             transport,
             round,
             items,
-            kind,
+            phase,
             ttl_ms,
             chase,
-            phase,
+            stage,
             ..
         } = self;
-        if matches!(phase, Phase::Round { .. }) && !round.is_done() {
+        if matches!(stage, Stage::Round { .. }) && !round.is_done() {
             let req = Request {
-                kind: *kind,
+                phase: *phase,
                 ttl_ms: *ttl_ms,
                 items: &items[..],
                 chase: *chase,
@@ -504,8 +504,8 @@ impl Client {
         }
     }
 
-    fn begin(&mut self, kind: Kind, token: Token, chase: u64, node_timeout: Duration) {
-        self.kind = kind;
+    fn begin(&mut self, phase: Phase, token: Token, chase: u64, node_timeout: Duration) {
+        self.phase = phase;
         self.chase = chase;
         self.items = [Item {
             key: RESOURCES[self.res],
@@ -525,7 +525,7 @@ impl Client {
             ..
         } = self;
         let req = Request {
-            kind,
+            phase,
             ttl_ms: *ttl_ms,
             items: &items[..],
             chase,
@@ -533,7 +533,7 @@ impl Client {
         let mut active = Active { round, req: &req };
         engine.begin(transport, &mut active, start);
         let local_end = transport.local_of(start) + node_timeout.as_nanos() as SimTime;
-        self.phase = Phase::Round {
+        self.stage = Stage::Round {
             start,
             timeout: transport.clock.global(local_end),
         };
@@ -721,10 +721,10 @@ impl World {
                         token: Token::from_bits(0),
                     }],
                     res: 0,
-                    kind: Kind::Acquire,
+                    phase: Phase::Acquire,
                     ttl_ms,
                     chase: 0,
-                    phase: Phase::Idle(rng.u64(0..8 * MS)),
+                    stage: Stage::Idle(rng.u64(0..8 * MS)),
                     lock: None,
                     ops_left: rng.u32(1..=2),
                     attempt: 0,
@@ -794,7 +794,7 @@ impl World {
     fn finish(mut self) -> Stats {
         let seed = self.seed;
         for c in &self.clients {
-            assert_eq!(c.phase, Phase::Done, "seed {seed}: a client did not finish");
+            assert_eq!(c.stage, Stage::Done, "seed {seed}: a client did not finish");
         }
         // Every release owed was handed to its node, unless the connection broke.
         for o in &self.owed {
@@ -1011,10 +1011,10 @@ impl World {
     fn due(&mut self, ci: usize) {
         let nodes = &self.nodes;
         let c = &mut self.clients[ci];
-        let mut due = match c.phase {
-            Phase::Idle(t) | Phase::Holding(t) => t,
-            Phase::Round { timeout, .. } => timeout,
-            Phase::Done => SimTime::MAX,
+        let mut due = match c.stage {
+            Stage::Idle(t) | Stage::Holding(t) => t,
+            Stage::Round { timeout, .. } => timeout,
+            Stage::Done => SimTime::MAX,
         };
         let t = &c.transport;
         let conns = t
@@ -1065,8 +1065,8 @@ impl World {
         }
         loop {
             let c = &mut self.clients[ci];
-            match c.phase {
-                Phase::Round { timeout, .. } => {
+            match c.stage {
+                Stage::Round { timeout, .. } => {
                     let now = c.transport.instant();
                     if c.round.has_unstamped() {
                         c.round.stamp(now);
@@ -1080,8 +1080,8 @@ impl World {
                     }
                     self.finish_round(ci);
                 }
-                Phase::Idle(t) if t <= self.now => self.start_op(ci),
-                Phase::Holding(t) if t <= self.now => self.after_hold(ci),
+                Stage::Idle(t) if t <= self.now => self.start_op(ci),
+                Stage::Holding(t) if t <= self.now => self.after_hold(ci),
                 _ => break,
             }
         }
@@ -1099,7 +1099,7 @@ impl World {
         let resources = self.resources;
         let c = &mut self.clients[ci];
         if c.ops_left == 0 {
-            c.phase = Phase::Done;
+            c.stage = Stage::Done;
             return;
         }
         if c.attempt == 0 {
@@ -1108,7 +1108,7 @@ impl World {
         c.attempt += 1;
         let token = c.tokens.next_token().unwrap();
         self.stats.attempts += 1;
-        c.begin(Kind::Acquire, token, 0, nt);
+        c.begin(Phase::Acquire, token, 0, nt);
     }
 
     fn after_hold(&mut self, ci: usize) {
@@ -1120,7 +1120,7 @@ impl World {
         match c.rng.u8(0..12) {
             0..=3 if valid && !lock.extended => {
                 let token = lock.token;
-                c.begin(Kind::Extend, token, 0, nt);
+                c.begin(Phase::Extend, token, 0, nt);
                 return;
             }
             // Never unlocked (the client lost interest, or crashed in the critical
@@ -1129,7 +1129,7 @@ impl World {
             4..=6 => {
                 c.lock = None;
                 c.ops_left -= 1;
-                c.phase = Phase::Idle(now + c.rng.u64(0..3 * MS));
+                c.stage = Stage::Idle(now + c.rng.u64(0..3 * MS));
                 self.stats.abandoned += 1;
                 return;
             }
@@ -1145,7 +1145,7 @@ impl World {
         let h = &mut self.holds[lock.hold];
         h.valid_until = h.valid_until.min(now);
         let (token, written) = (lock.token, lock.written);
-        c.begin(Kind::Release, token, written, nt);
+        c.begin(Phase::Release, token, written, nt);
     }
 
     /// Owes `node`s in `mask` the compare-and-delete of the current item.
@@ -1153,12 +1153,7 @@ impl World {
         let c = &self.clients[ci];
         let item = c.items[0];
         let mut release = Vec::new();
-        encode(
-            &mut release,
-            Cmd::Release { by_sha: false },
-            item.key,
-            &item.token,
-        );
+        encode(&mut release, Command::release(false), item.key, &item.token);
         for (node, &closes) in closes.iter().enumerate() {
             if chases(mask, node) {
                 self.owed.push(Owed {
@@ -1185,7 +1180,7 @@ impl World {
         assert!(
             yes.len() >= quorum(n) && c.round.yes(0) == yes.len(),
             "seed {seed}: client {ci} won {:?} with yes votes from {yes:?} (tally {})",
-            c.kind,
+            c.phase,
             c.round.yes(0)
         );
         for &node in &yes {
@@ -1193,7 +1188,7 @@ impl World {
                 self.observed.contains(&(node, c.res, token)),
                 "seed {seed}: client {ci}'s {:?} counted a yes from node {node}, which never \
                  held the key with its token",
-                c.kind
+                c.phase
             );
         }
     }
@@ -1202,7 +1197,7 @@ impl World {
         let seed = self.seed;
         let now = self.now;
         let c = &mut self.clients[ci];
-        let Phase::Round { start, .. } = c.phase else {
+        let Stage::Round { start, .. } = c.stage else {
             unreachable!()
         };
         let decided = c.round.decided_at(0).unwrap_or_else(|| {
@@ -1210,8 +1205,8 @@ impl World {
         });
         let ttl = Duration::from_millis(c.ttl_ms);
         let decision = c.round.decision(0);
-        match c.kind {
-            Kind::Acquire => {
+        match c.phase {
+            Phase::Acquire => {
                 if decision == Decision::Won {
                     self.check_won(ci);
                 }
@@ -1244,7 +1239,7 @@ impl World {
                     });
                     c.attempt = 0;
                     let hold_for = c.rng.u64(0..safe.as_nanos() as SimTime * 6 / 5);
-                    c.phase = Phase::Holding(now + hold_for);
+                    c.stage = Stage::Holding(now + hold_for);
                     self.stats.locks += 1;
                     return;
                 }
@@ -1271,9 +1266,9 @@ impl World {
                 let wait = c
                     .tokens
                     .jitter(Duration::from_millis(3), Duration::from_millis(2));
-                c.phase = Phase::Idle(now + wait.as_nanos() as SimTime);
+                c.stage = Stage::Idle(now + wait.as_nanos() as SimTime);
             }
-            Kind::Extend => {
+            Phase::Extend => {
                 if decision == Decision::Won {
                     self.check_won(ci);
                 }
@@ -1296,7 +1291,7 @@ impl World {
                         self.stats.extends += 1;
                         let safe = safe_span(ttl, DRIFT).unwrap();
                         let hold_for = c.rng.u64(0..safe.as_nanos() as SimTime);
-                        c.phase = Phase::Holding(now + hold_for);
+                        c.stage = Stage::Holding(now + hold_for);
                     }
                     Err(shorter) => {
                         assert!(
@@ -1311,19 +1306,14 @@ impl World {
                     }
                 }
             }
-            Kind::Release => {
+            Phase::Release => {
                 let lock = c.lock.take().unwrap();
                 let chase = c.chase;
                 self.stats.unlocks += 1;
                 // Owed from where the stream stood when the unlock began.
                 let item = c.items[0];
                 let mut release = Vec::new();
-                encode(
-                    &mut release,
-                    Cmd::Release { by_sha: false },
-                    item.key,
-                    &item.token,
-                );
+                encode(&mut release, Command::release(false), item.key, &item.token);
                 for node in 0..self.nodes.len() {
                     if chases(chase, node) {
                         self.owed.push(Owed {
@@ -1336,8 +1326,9 @@ impl World {
                     }
                 }
                 c.ops_left -= 1;
-                c.phase = Phase::Idle(now + c.rng.u64(0..3 * MS));
+                c.stage = Stage::Idle(now + c.rng.u64(0..3 * MS));
             }
+            other => panic!("seed {seed}: the sim runs no {other:?} round"),
         }
     }
 
