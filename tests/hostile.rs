@@ -233,6 +233,8 @@ struct Conn {
     half_close_when_flushed: bool,
     write_closed: bool,
     rng: u64,
+    /// This fake's answer to `INFO server` (its `run_id` from its port).
+    info: Vec<u8>,
 }
 
 /// Forgets a connection's passes when its handler ends.
@@ -251,6 +253,7 @@ fn serve(stream: TcpStream, shared: &Shared, index: u64) {
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(Duration::from_millis(2)));
     let _ = stream.set_write_timeout(Some(Duration::from_millis(20)));
+    let info = common::fake_info(stream.local_addr().map_or(0, |a| u64::from(a.port())));
     let mut c = Conn {
         stream,
         inbox: Vec::new(),
@@ -263,6 +266,7 @@ fn serve(stream: TcpStream, shared: &Shared, index: u64) {
         half_close_when_flushed: false,
         write_closed: false,
         rng: 0,
+        info,
     };
     match shared.script {
         Script::EarlyReply => c.outbox.extend(b"+OK\r\n"),
@@ -349,7 +353,7 @@ fn react(script: Script, args: &[Vec<u8>], c: &mut Conn) {
         .first()
         .map(|a| a.to_ascii_uppercase())
         .unwrap_or_default();
-    // The client's handshake ends with PING: most fakes answer it like a real server, so
+    // The client's handshake ends with INFO and PING: most fakes answer them like a real server, so
     // that their hostility meets the lock commands. The ones whose point is to misbehave
     // from the first byte answer it like any other command.
     let hostile_from_the_start = matches!(
@@ -358,6 +362,11 @@ fn react(script: Script, args: &[Vec<u8>], c: &mut Conn) {
     );
     if cmd == b"PING" && !hostile_from_the_start {
         c.outbox.extend(b"+PONG\r\n");
+        return;
+    }
+    if cmd == b"INFO" && !hostile_from_the_start {
+        let info = c.info.clone();
+        c.outbox.extend(info);
         return;
     }
     match script {

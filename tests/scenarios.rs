@@ -615,6 +615,7 @@ fn take_commands(buf: &mut Vec<u8>) -> Vec<Vec<u8>> {
 }
 
 fn serve(mut stream: TcpStream, act: Act, stop: &AtomicBool, log: &Mutex<PuppetLog>) {
+    let info = common::fake_info(stream.local_addr().map_or(0, |a| u64::from(a.port())));
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(Duration::from_millis(2)));
     let mut inbox = Vec::new();
@@ -639,6 +640,7 @@ fn serve(mut stream: TcpStream, act: Act, stop: &AtomicBool, log: &Mutex<PuppetL
         for name in take_commands(&mut inbox) {
             match name.as_slice() {
                 b"PING" => out.extend_from_slice(b"+PONG\r\n"),
+                b"INFO" => out.extend_from_slice(&info),
                 b"EVAL" | b"EVALSHA" if act != Act::Silent => {
                     out.extend_from_slice(b":0\r\n");
                     if stray_after_release {

@@ -33,7 +33,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use quorumlock::__private::core::session::{
-    Answer, Expect, Expected, Login, Session, State, Status,
+    Answer, Expect, Expected, Handshake, Identity, Login, Session, State,
 };
 use quorumlock::__private::resp::encode;
 use quorumlock::__private::resp::{Limits, ProtocolError, Reply, decode};
@@ -87,7 +87,7 @@ const TOKENS: [&[u8]; 20] = [
     b"$2\r\nOK\r\n",
     b"*2\r\n:1\r\n:0\r\n",
     b"*-1\r\n",
-    b"+QUEUED\r\n",
+    b"$70\r\nrun_id:0123456789abcdef0123456789abcdef01234567\r\nuptime_in_seconds:9\r\n\r\n",
     b"HTTP/1.1 400 Bad Request\r\n",
     b"+OK\n",
     b"+O",
@@ -169,11 +169,13 @@ struct Model {
     owed_until: Option<Instant>,
     extend_script_known: bool,
     suspect: bool,
+    /// Who the server on this connection is (from its `INFO`).
+    identity: Option<Identity>,
     /// The last round number used.
     round: u64,
     /// The handshake bytes a new connection writes first.
     handshake: Vec<u8>,
-    handshake_statuses: Vec<Status>,
+    handshake_statuses: Vec<Handshake>,
 }
 
 impl Model {
@@ -244,15 +246,18 @@ struct Meaning {
     used: usize,
     /// A handshake command answered as it must be: consumed, no answer.
     handshake: bool,
+    /// For an answered `INFO`: who the server says it is (`None` when it refused).
+    identity: Option<Identity>,
 }
 
 /// What the next reply in `buf` (the unparsed bytes) means, owed `front`: what
 /// `next_answer` must say of it.
-fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits) -> Meaning {
+fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits, now: Instant) -> Meaning {
     let none = Meaning {
         answer: None,
         used: 0,
         handshake: false,
+        identity: None,
     };
     if buf.is_empty() {
         return none;
@@ -264,6 +269,7 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits) -> Meaning {
         }),
         used: 0,
         handshake: false,
+        identity: None,
     };
     let Some(&expect) = front else {
         return broken(NodeError::UnexpectedReply("a reply nobody asked for"), None);
@@ -271,7 +277,7 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits) -> Meaning {
     let (reply, used) = match decode(buf, limits) {
         Ok(None) => return none,
         Ok(Some(parsed)) => parsed,
-        Err(ProtocolError::UnknownType(_)) if matches!(expect.kind, Expected::Status(_)) => {
+        Err(ProtocolError::UnknownType(_)) if matches!(expect.kind, Expected::Handshake(_)) => {
             // The message names the bytes; `same` compares the variant only.
             return broken(NodeError::NotRedis(String::new()), None);
         }
@@ -279,16 +285,35 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits) -> Meaning {
     };
     let lossy = |m: &[u8]| String::from_utf8_lossy(m).into_owned();
     let outcome = match expect.kind {
-        Expected::Status(want) => {
+        Expected::Handshake(Handshake::Info) => {
+            return match reply {
+                Reply::Bulk(Some(text)) => Meaning {
+                    answer: None,
+                    used,
+                    handshake: true,
+                    identity: Identity::parse(text, now),
+                },
+                Reply::Error(_) => Meaning {
+                    answer: None,
+                    used,
+                    handshake: true,
+                    identity: None,
+                },
+                _ => broken(NodeError::UnexpectedReply(""), None),
+            };
+        }
+        Expected::Handshake(want) => {
             let text: &[u8] = match want {
-                Status::Ok => b"OK",
-                Status::Pong => b"PONG",
+                Handshake::Ok => b"OK",
+                Handshake::Pong => b"PONG",
+                Handshake::Info => unreachable!("INFO answers text"),
             };
             return match reply {
                 Reply::Simple(got) if got == text => Meaning {
                     answer: None,
                     used,
                     handshake: true,
+                    identity: None,
                 },
                 Reply::Error(m) => broken(NodeError::Handshake(lossy(m)), None),
                 _ => broken(NodeError::UnexpectedReply(""), None),
@@ -314,6 +339,7 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits) -> Meaning {
         }),
         used,
         handshake: false,
+        identity: None,
     }
 }
 
@@ -391,14 +417,16 @@ impl Harness {
                 Some(u) => encode::command(&mut handshake, &[b"AUTH", u.as_bytes(), pw.as_bytes()]),
                 None => encode::command(&mut handshake, &[b"AUTH", pw.as_bytes()]),
             }
-            handshake_statuses.push(Status::Ok);
+            handshake_statuses.push(Handshake::Ok);
         }
         if db != 0 {
             encode::command(&mut handshake, &[b"SELECT", db.to_string().as_bytes()]);
-            handshake_statuses.push(Status::Ok);
+            handshake_statuses.push(Handshake::Ok);
         }
+        encode::command(&mut handshake, &[b"INFO", b"server"]);
+        handshake_statuses.push(Handshake::Info);
         encode::command(&mut handshake, &[b"PING"]);
-        handshake_statuses.push(Status::Pong);
+        handshake_statuses.push(Handshake::Pong);
         let s = Session::new(login, now);
         let m = Model {
             limits,
@@ -421,6 +449,7 @@ impl Harness {
             owed_until: None,
             extend_script_known: false,
             suspect: false,
+            identity: None,
             round: 0,
             handshake,
             handshake_statuses,
@@ -459,7 +488,7 @@ impl Harness {
             matches!(
                 front,
                 Some(Expect {
-                    kind: Expected::Status(_),
+                    kind: Expected::Handshake(_),
                     ..
                 })
             ),
@@ -532,7 +561,7 @@ impl Harness {
             || matches!(
                 front,
                 Some(Expect {
-                    kind: Expected::Status(_),
+                    kind: Expected::Handshake(_),
                     ..
                 })
             );
@@ -549,6 +578,7 @@ impl Harness {
             s.extend_script_known, m.extend_script_known,
             "step {step}: extend_script_known"
         );
+        assert_eq!(s.identity, m.identity, "step {step}: identity");
         // How far behind the node is, in rounds, seen from the current round and the next.
         for round in [m.round, m.round + 1] {
             let behind = match front {
@@ -591,6 +621,7 @@ impl Harness {
         let m = &mut self.m;
         m.generation += 1;
         m.extend_script_known = false;
+        m.identity = None;
         m.state = State::Connecting;
         m.connect_started = m.now;
         m.wire.clear();
@@ -602,7 +633,7 @@ impl Harness {
                 round: 0,
                 counted: false,
                 slot: 0,
-                kind: Expected::Status(status),
+                kind: Expected::Handshake(status),
                 sent_at: m.now,
             };
             m.push(e);
@@ -866,7 +897,12 @@ impl Harness {
     fn take_vote(&mut self) -> bool {
         let step = self.step;
         let front = self.m.owed.front().copied();
-        let meaning = oracle(front.as_ref(), self.s.unparsed(), &self.m.limits);
+        let meaning = oracle(
+            front.as_ref(),
+            self.s.unparsed(),
+            &self.m.limits,
+            self.m.now,
+        );
         let must = matches!(front, Some(Expect { kind: Expected::Command(kind), .. }) if common_form(kind, self.s.unparsed()));
         let before = (self.s.owed(), self.s.unparsed().len());
         match self.s.take_vote() {
@@ -919,14 +955,17 @@ impl Harness {
         let (front, meaning) = loop {
             let front = self.m.owed.front().copied();
             let unparsed = &self.s.unparsed()[offset..];
-            let meaning = oracle(front.as_ref(), unparsed, &self.m.limits);
+            let meaning = oracle(front.as_ref(), unparsed, &self.m.limits, self.m.now);
             if !meaning.handshake {
                 break (front, meaning);
+            }
+            if front.is_some_and(|e| e.kind == Expected::Handshake(Handshake::Info)) {
+                self.m.identity = meaning.identity;
             }
             offset += meaning.used;
             self.m.consume(meaning.used);
         };
-        let got = self.s.next_answer(&self.m.limits);
+        let got = self.s.next_answer(&self.m.limits, self.m.now);
         assert!(
             same(&got, &meaning.answer),
             "step {step}: next_answer() = {got:?}, owed {front:?}, the reply means {:?}",
@@ -951,7 +990,7 @@ impl Harness {
                     None,
                     "step {step}: take_vote() after a broken stream"
                 );
-                let again = self.s.next_answer(&self.m.limits);
+                let again = self.s.next_answer(&self.m.limits, self.m.now);
                 assert!(
                     same(&again, &Some(answer.clone())),
                     "step {step}: next_answer() after a broken stream: {again:?}"

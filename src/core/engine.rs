@@ -623,7 +623,9 @@ impl Engine {
     ) -> bool {
         // Whatever happens next took parser time a wait budget did not see.
         self.slow_work = true;
-        let Some(answer) = self.sessions[node].next_answer(&self.timing.limits) else {
+        // The moment the bytes were read, at the earliest (an `INFO` reply is dated by it).
+        let now = t.now();
+        let Some(answer) = self.sessions[node].next_answer(&self.timing.limits, now) else {
             return false;
         };
         // Votes count only in the round that is waiting for them; handshake and

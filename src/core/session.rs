@@ -63,28 +63,92 @@ pub struct Expect {
 /// The command a reply answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expected {
-    /// A handshake command (AUTH, SELECT, PING) and the status it must answer.
-    Status(Status),
+    /// A handshake command (AUTH, SELECT, INFO, PING) and what it must answer.
+    Handshake(Handshake),
     /// A lock command.
     Command(Phase),
 }
 
-/// The status line a handshake command must answer with.
+/// What a handshake command must answer with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
+pub enum Handshake {
     /// `+OK` (AUTH, SELECT).
     Ok,
+    /// `INFO server`: the server's text, from which its [`Identity`] is read; an error
+    /// reply (an ACL without `INFO`) leaves the identity unknown.
+    Info,
     /// `+PONG` (PING).
     Pong,
 }
 
-impl Status {
-    /// The status text.
+impl Handshake {
+    /// The status text it must answer with; empty for `INFO`, which answers text.
     pub fn text(self) -> &'static [u8] {
         match self {
-            Status::Ok => b"OK",
-            Status::Pong => b"PONG",
+            Handshake::Ok => b"OK",
+            Handshake::Info => b"",
+            Handshake::Pong => b"PONG",
         }
+    }
+}
+
+/// Who a node is, read from `INFO server` on each connection.
+///
+/// # Example
+///
+/// ```
+/// use quorumlock::__private::core::session::Identity;
+/// use std::time::{Duration, Instant};
+///
+/// let read_at = Instant::now();
+/// let info = b"# Server\r\nredis_version:7.0.15\r\nrun_id:0123456789abcdef0123456789abcdef01234567\r\nuptime_in_seconds:42\r\n";
+/// let id = Identity::parse(info, read_at).unwrap();
+/// assert_eq!(&id.run_id[..4], b"0123");
+/// assert_eq!(id.up_for(read_at + Duration::from_secs(8)), Duration::from_secs(50));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The server's `run_id`: 40 hex characters, new at every start of the process.
+    pub run_id: [u8; 40],
+    /// `uptime_in_seconds` (whole seconds, rounded down by the server: the youngest
+    /// the node can be) ...
+    pub uptime: Duration,
+    /// ... as of this moment on the client's clock: when its reply was read.
+    pub read_at: Instant,
+}
+
+impl Identity {
+    /// Reads `run_id` and `uptime_in_seconds` from the text of an `INFO server` reply
+    /// read at `read_at`; `None` when either is missing or malformed.
+    pub fn parse(info: &[u8], read_at: Instant) -> Option<Identity> {
+        let mut run_id = None;
+        let mut uptime = None;
+        for line in info.split(|&b| b == b'\n') {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if let Some(v) = line.strip_prefix(b"run_id:") {
+                run_id = <[u8; 40]>::try_from(v)
+                    .ok()
+                    .filter(|id| id.iter().all(u8::is_ascii_hexdigit));
+            } else if let Some(v) = line.strip_prefix(b"uptime_in_seconds:") {
+                uptime = std::str::from_utf8(v)
+                    .ok()
+                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .map(Duration::from_secs);
+            }
+        }
+        Some(Identity {
+            run_id: run_id?,
+            uptime: uptime?,
+            read_at,
+        })
+    }
+
+    /// How long the node has been up at `now`, at least: its uptime when the reply was
+    /// read plus the time since, on the client's clock.
+    pub fn up_for(&self, now: Instant) -> Duration {
+        self.uptime
+            .saturating_add(now.saturating_duration_since(self.read_at))
     }
 }
 
@@ -181,6 +245,9 @@ pub struct Session {
     /// that comes back after its round is decided could be left unanswered. (Releases
     /// always go as EVAL: an unlock does not wait for every reply.)
     pub extend_script_known: bool,
+    /// Who the server on this connection is, once its `INFO server` is answered; `None`
+    /// before, or when it was refused or had no `run_id` and uptime.
+    pub identity: Option<Identity>,
 }
 
 impl Session {
@@ -205,6 +272,7 @@ impl Session {
             sent: false,
             owed_until: None,
             extend_script_known: false,
+            identity: None,
         }
     }
 
@@ -234,6 +302,7 @@ impl Session {
     pub fn opened(&mut self, now: Instant) {
         self.generation += 1;
         self.extend_script_known = false;
+        self.identity = None;
         self.state = State::Connecting;
         self.connect_started = now;
         let Login { user, password, db } = &self.login;
@@ -251,21 +320,25 @@ impl Session {
             expects += 1;
         }
         for _ in 0..expects {
-            self.expect_status(Status::Ok, now);
+            self.expect_handshake(Handshake::Ok, now);
         }
+        // Who the server is (and since when): a restarted node, or a second endpoint
+        // that reaches the same server, must not count like a node that kept its keys.
+        command(&mut self.outbox, &[b"INFO", b"server"]);
+        self.expect_handshake(Handshake::Info, now);
         // PING last: its PONG proves the stream is in step before any lock reply is
         // counted. Bytes a server sends unasked right after accepting meet the PING's
         // entry, not a lock command's, and fail the connection.
         command(&mut self.outbox, &[b"PING"]);
-        self.expect_status(Status::Pong, now);
+        self.expect_handshake(Handshake::Pong, now);
     }
 
-    fn expect_status(&mut self, status: Status, now: Instant) {
+    fn expect_handshake(&mut self, status: Handshake, now: Instant) {
         self.pending.push_back(Expect {
             round: 0,
             counted: false,
             slot: 0,
-            kind: Expected::Status(status),
+            kind: Expected::Handshake(status),
             sent_at: now,
         });
     }
@@ -423,7 +496,8 @@ impl Session {
     /// and says what it means; `None` while it is incomplete (or the inbox is empty). A
     /// handshake reply answered as it must be is consumed on the way. Everything but an
     /// answer that breaks the stream consumes the reply and its entry in `pending`.
-    pub fn next_answer(&mut self, limits: &Limits) -> Option<Answer> {
+    /// `now` is when the bytes were read, at the earliest: the `INFO` reply's moment.
+    pub fn next_answer(&mut self, limits: &Limits, now: Instant) -> Option<Answer> {
         loop {
             if !self.has_input() {
                 return None;
@@ -440,7 +514,7 @@ impl Session {
                 Err(e) => {
                     let error = match (e, expect.kind) {
                         // The first reply is not RESP at all: say what the peer is not.
-                        (ProtocolError::UnknownType(_), Expected::Status(_)) => {
+                        (ProtocolError::UnknownType(_), Expected::Handshake(_)) => {
                             NodeError::not_redis(self.unparsed())
                         }
                         _ => NodeError::Protocol(e),
@@ -451,7 +525,24 @@ impl Session {
             // The reply borrows the inbox: decide, then consume; copy only what a failure
             // reports.
             let phase = match expect.kind {
-                Expected::Status(want) => {
+                Expected::Handshake(Handshake::Info) => {
+                    self.identity = match reply {
+                        Reply::Bulk(Some(text)) => Identity::parse(text, now),
+                        // An ACL may forbid INFO: the node still locks, unidentified.
+                        Reply::Error(_) => None,
+                        _ => {
+                            return Some(Answer::broken(
+                                None,
+                                NodeError::UnexpectedReply(
+                                    "INFO answered with neither text nor an error",
+                                ),
+                            ));
+                        }
+                    };
+                    self.consume(used);
+                    continue;
+                }
+                Expected::Handshake(want) => {
                     let error = match reply {
                         Reply::Simple(got) if got == want.text() => {
                             self.consume(used);
@@ -461,7 +552,7 @@ impl Session {
                             NodeError::Handshake(String::from_utf8_lossy(msg).into_owned())
                         }
                         _ => NodeError::UnexpectedReply(
-                            "the handshake (AUTH, SELECT, PING) was answered out of step",
+                            "the handshake (AUTH, SELECT, INFO, PING) was answered out of step",
                         ),
                     };
                     return Some(Answer::broken(None, error));
@@ -533,7 +624,7 @@ impl Session {
         matches!(
             self.pending.front(),
             Some(Expect {
-                kind: Expected::Status(_),
+                kind: Expected::Handshake(_),
                 ..
             })
         )
@@ -631,6 +722,9 @@ mod tests {
         }
     }
 
+    /// An `INFO server` reply as Redis 7 writes it (abridged), up 42 s.
+    const INFO: &[u8] = b"$121\r\n# Server\r\nredis_version:7.0.15\r\nrun_id:7a1f0c3b9d2e4f5a6b7c8d9e0f1a2b3c4d5e6f70\r\nuptime_in_seconds:42\r\nuptime_in_days:0\r\n\r\n";
+
     fn feed(s: &mut Session, bytes: &[u8]) {
         let room = s.read_room(&Limits::default()).unwrap();
         room[..bytes.len()].copy_from_slice(bytes);
@@ -653,11 +747,11 @@ mod tests {
         let sent = s.unsent().to_vec();
         assert_eq!(
             sent,
-            b"*3\r\n$4\r\nAUTH\r\n$3\r\napp\r\n$2\r\npw\r\n*2\r\n$6\r\nSELECT\r\n$1\r\n2\r\n*1\r\n$4\r\nPING\r\n"
+            b"*3\r\n$4\r\nAUTH\r\n$3\r\napp\r\n$2\r\npw\r\n*2\r\n$6\r\nSELECT\r\n$1\r\n2\r\n*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n*1\r\n$4\r\nPING\r\n"
         );
         s.wrote(sent.len());
         assert!(!s.has_unsent());
-        assert_eq!(s.pending.len(), 3);
+        assert_eq!(s.pending.len(), 4);
         // A command is pipelined right behind the written handshake: the line is idle.
         assert!(
             s.enqueue(command_expect(1, Phase::Acquire, now), 1)
@@ -681,10 +775,9 @@ mod tests {
         let mut s = Session::new(Login::default(), now);
         s.opened(now);
         s.established(now).unwrap();
+        feed(&mut s, INFO);
         feed(&mut s, b"+PONG\r\n");
-        let (reply, used) = s.peek(&Limits::default()).unwrap().unwrap();
-        assert_eq!(reply, Reply::Simple(b"PONG"));
-        s.consume(used);
+        assert_eq!(s.next_answer(&Limits::default(), base()), None);
         assert!(!s.handshaking());
         s.enqueue(command_expect(7, Phase::Acquire, now), 1)
             .unwrap();
@@ -760,9 +853,10 @@ mod tests {
         let mut s = Session::new(Login::default(), now);
         s.opened(now);
         s.established(now).unwrap();
+        feed(&mut s, INFO);
         feed(&mut s, b"+PONG\r\n");
-        // The handshake's answer is consumed on the way: no lock command is answered.
-        assert_eq!(s.next_answer(&Limits::default()), None);
+        // The handshake's answers are consumed on the way: no lock command is answered.
+        assert_eq!(s.next_answer(&Limits::default(), base()), None);
         assert!(!s.handshaking());
         for (slot, &kind) in kinds.iter().enumerate() {
             let expect = Expect {
@@ -788,7 +882,7 @@ mod tests {
             b"-OOM command not allowed\r\n:1\r\n-NOSCRIPT No matching script\r\n+OK\r\n",
         );
         let answer = |s: &mut Session| {
-            let a = s.next_answer(&limits).expect("a complete reply");
+            let a = s.next_answer(&limits, base()).expect("a complete reply");
             (a.to.map(|e| (e.round, e.slot)), a.outcome)
         };
         assert_eq!(
@@ -820,10 +914,10 @@ mod tests {
         let limits = Limits::default();
         let mut s = ready_owing(&[Phase::Acquire]);
         feed(&mut s, b"$-1\r\n+OK\r\n");
-        let vote = s.next_answer(&limits).unwrap();
+        let vote = s.next_answer(&limits, base()).unwrap();
         assert_eq!((vote.to.unwrap().round, vote.outcome), (1, Outcome::Held));
         assert_eq!(
-            s.next_answer(&limits),
+            s.next_answer(&limits, base()),
             Some(Answer {
                 to: None,
                 outcome: Outcome::Failed(NodeError::UnexpectedReply("a reply nobody asked for")),
@@ -840,7 +934,7 @@ mod tests {
         s.established(now).unwrap();
         feed(&mut s, b"HTTP/1.1 400 Bad Request\r\n");
         assert!(matches!(
-            s.next_answer(&limits),
+            s.next_answer(&limits, base()),
             Some(Answer { to: None, outcome: Outcome::Failed(NodeError::NotRedis(ref shown)) })
                 if shown.starts_with("HTTP/1.1 400")
         ));
@@ -855,14 +949,14 @@ mod tests {
         s.established(now).unwrap();
         feed(&mut s, b"-WRONGPASS invalid username-password pair\r\n");
         assert!(matches!(
-            s.next_answer(&limits),
+            s.next_answer(&limits, base()),
             Some(Answer { to: None, outcome: Outcome::Failed(NodeError::Handshake(ref m)) })
                 if m.starts_with("WRONGPASS")
         ));
         // An incomplete reply is no answer yet.
         let mut s = ready_owing(&[Phase::Acquire]);
         feed(&mut s, b"+O");
-        assert_eq!(s.next_answer(&limits), None);
+        assert_eq!(s.next_answer(&limits, base()), None);
     }
 
     #[test]
@@ -880,5 +974,59 @@ mod tests {
         s.enqueue(command_expect(0, Phase::Release, now), 1)
             .unwrap();
         assert_eq!(s.rounds_behind(70), 0);
+    }
+
+    #[test]
+    fn the_handshake_reads_who_the_server_is_and_since_when() {
+        let t0 = base();
+        let mut s = Session::new(Login::default(), t0);
+        s.opened(t0);
+        s.established(t0).unwrap();
+        assert_eq!(s.identity, None);
+        feed(&mut s, INFO);
+        feed(&mut s, b"+PONG\r\n");
+        let read_at = t0 + Duration::from_millis(5);
+        assert_eq!(s.next_answer(&Limits::default(), read_at), None);
+        let id = s.identity.expect("INFO server read");
+        assert_eq!(&id.run_id[..], b"7a1f0c3b9d2e4f5a6b7c8d9e0f1a2b3c4d5e6f70");
+        assert_eq!(id.up_for(read_at), Duration::from_secs(42));
+        assert_eq!(
+            id.up_for(read_at + Duration::from_secs(3)),
+            Duration::from_secs(45)
+        );
+        // A new connection knows nothing until its own INFO is answered.
+        s.fail(NodeError::Closed, t0, Duration::from_secs(1));
+        s.opened(t0);
+        assert_eq!(s.identity, None);
+        // An ACL without INFO: the node still locks, unidentified.
+        s.established(t0).unwrap();
+        feed(
+            &mut s,
+            b"-NOPERM this user has no permissions to run the 'info' command\r\n+PONG\r\n",
+        );
+        assert_eq!(s.next_answer(&Limits::default(), t0), None);
+        assert!(!s.handshaking());
+        assert_eq!(s.identity, None);
+    }
+
+    #[test]
+    fn identities_are_read_strictly() {
+        let t = base();
+        let id = |text: &[u8]| Identity::parse(text, t);
+        let run = b"run_id:0123456789abcdef0123456789abcdef01234567";
+        let with = |extra: &[u8]| [&run[..], b"\r\n", extra, b"\r\n"].concat();
+        assert!(id(&with(b"uptime_in_seconds:0")).is_some());
+        assert_eq!(id(&with(b"uptime_in_seconds:")), None);
+        assert_eq!(id(&with(b"uptime_in_seconds:-1")), None);
+        assert_eq!(id(&with(b"uptime_in_seconds:1e3")), None);
+        assert_eq!(
+            id(&with(b"uptime_in_seconds:99999999999999999999999")),
+            None
+        );
+        assert_eq!(id(b"run_id:abc\r\nuptime_in_seconds:5\r\n"), None);
+        assert_eq!(id(b"uptime_in_seconds:5\r\n"), None);
+        // Bare LF line ends are read too.
+        let lf = [&run[..], b"\nuptime_in_seconds:7\n"].concat();
+        assert_eq!(id(&lf).map(|i| i.uptime), Some(Duration::from_secs(7)));
     }
 }

@@ -53,7 +53,8 @@ pub use value::Value;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Largest bulk string accepted, in bytes.
+    /// Largest bulk string accepted, in bytes; at least 16 KiB, since every connection
+    /// reads the server's `INFO server` text.
     pub max_bulk_len: usize,
     /// Largest array accepted, in elements.
     pub max_array_len: usize,

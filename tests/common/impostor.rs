@@ -20,7 +20,7 @@ pub enum Act {
     Http,
     /// Speaks first, as an SSH server does, then says nothing more.
     SshBanner,
-    /// Answers `PING` with `+PONG`, then answers the first lock command with an array of
+    /// Answers `INFO` and `PING` as Redis does, then answers the first lock command with an array of
     /// `elements` integers, `chunk` bytes per write with a short pause between writes, so
     /// that the client reads it in thousands of pieces.
     TrickleArray { elements: usize, chunk: usize },
@@ -146,7 +146,11 @@ fn serve(mut stream: TcpStream, act: Act, stop: &AtomicBool) {
             if !read_until(&mut stream, &mut seen, b"PING\r\n", stop) {
                 return;
             }
-            let _ = stream.write_all(b"+PONG\r\n");
+            // The handshake's INFO server comes right before PING.
+            let port = stream.local_addr().map_or(0, |a| u64::from(a.port()));
+            let mut handshake = super::fake_info(port);
+            handshake.extend_from_slice(b"+PONG\r\n");
+            let _ = stream.write_all(&handshake);
             // The lock command may have come in the same read, pipelined behind PING.
             let after_ping = seen
                 .windows(6)

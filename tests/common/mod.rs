@@ -104,6 +104,17 @@ fn proc_state(pid: u32) -> Option<char> {
     after.trim_start().chars().next()
 }
 
+/// What a fake Redis node answers to the client's `INFO server`: a bulk string with a
+/// fixed `run_id` derived from `seed` (distinct fakes, distinct servers) and an uptime
+/// of a day, so that no restart guard holds it back.
+#[allow(dead_code)]
+pub fn fake_info(seed: u64) -> Vec<u8> {
+    let text = format!(
+        "# Server\r\nredis_version:7.0.0\r\nrun_id:{seed:040x}\r\nuptime_in_seconds:86400\r\n"
+    );
+    format!("${}\r\n{text}\r\n", text.len()).into_bytes()
+}
+
 /// A free loopback TCP port (racy by nature; callers retry on conflict).
 pub fn free_port() -> u16 {
     let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");

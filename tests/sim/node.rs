@@ -12,8 +12,9 @@
 //! - Commands: `PING [msg]`, `AUTH [user] pass`, `SELECT db`, `SET key value [NX|XX]
 //!   [EX s|PX ms|KEEPTTL]`, `GET`, `DEL key…`, `PEXPIRE key ms [NX|XX|GT|LT]`, `PTTL`,
 //!   `EVAL`/`EVALSHA` of exactly the client's two scripts, `SCRIPT FLUSH|LOAD|EXISTS`,
-//!   `QUIT`. The order of checks is Redis 7's: unknown command, then arity, then `NOAUTH`,
-//!   then the command's own argument errors. Replies and error texts were compared byte for
+//!   `INFO` (the server section's `run_id` and `uptime_in_seconds` only), `QUIT`. The
+//!   order of checks is Redis 7's: unknown command, then arity, then `NOAUTH`, then the
+//!   command's own argument errors. Replies and error texts were compared byte for
 //!   byte with `redis-server` 7.0.15 (the unit tests pin them).
 //! - Time: the node reads only the `now` it is given (nanoseconds on its own clock, which
 //!   may jump or run backwards: Redis expires by wall-clock time). Like Redis, it works in
@@ -409,13 +410,14 @@ enum Cmd {
     Eval,
     EvalSha,
     Script,
+    Info,
     Quit,
 }
 
 impl Cmd {
     /// The command, its name as Redis prints it, and its arity (negative: at least).
     fn lookup(name: &[u8]) -> Option<(Cmd, &'static str, i64)> {
-        const TABLE: [(Cmd, &str, i64); 12] = [
+        const TABLE: [(Cmd, &str, i64); 13] = [
             (Cmd::Ping, "ping", -1),
             (Cmd::Auth, "auth", -2),
             (Cmd::Select, "select", 2),
@@ -427,6 +429,7 @@ impl Cmd {
             (Cmd::Eval, "eval", -3),
             (Cmd::EvalSha, "evalsha", -3),
             (Cmd::Script, "script", -2),
+            (Cmd::Info, "info", -1),
             (Cmd::Quit, "quit", -1),
         ];
         TABLE
@@ -494,6 +497,8 @@ pub struct SimNode {
     seed: u64,
     rng: fastrand::Rng,
     run_id: [u8; 40],
+    /// When this run started on the node's clock; `None`: a day before its time 0.
+    started: Option<SimTime>,
     next_conn: u64,
     conns: BTreeMap<u64, Conn>,
     dbs: Vec<BTreeMap<Vec<u8>, Entry>>,
@@ -517,6 +522,7 @@ impl SimNode {
             seed,
             rng,
             run_id,
+            started: None,
             next_conn: 1,
             conns: BTreeMap::new(),
             dbs: vec![BTreeMap::new(); DATABASES],
@@ -617,9 +623,11 @@ impl SimNode {
         fed
     }
 
-    /// A restart without persistence: every key, the script cache and every connection
-    /// are lost. The password and users are configuration: they stay.
-    pub fn restart(&mut self) {
+    /// A restart without persistence at `now` (its uptime counts from there): every
+    /// key, the script cache and every connection are lost. The password and users are
+    /// configuration: they stay.
+    pub fn restart(&mut self, now: SimTime) {
+        self.started = Some(now);
         self.conns.clear();
         for db in &mut self.dbs {
             db.clear();
@@ -735,6 +743,18 @@ impl SimNode {
             Cmd::Quit => {
                 simple(out, b"OK");
                 return true;
+            }
+            // Any section list answers the server section: all the client asks for.
+            Cmd::Info => {
+                let uptime = match self.started {
+                    Some(at) => now.saturating_sub(at) / (1000 * NS_PER_MS),
+                    None => 86_400 + now / (1000 * NS_PER_MS),
+                };
+                let text = format!(
+                    "# Server\r\nredis_version:7.0.15\r\nrun_id:{}\r\nuptime_in_seconds:{uptime}\r\n",
+                    String::from_utf8_lossy(&self.run_id)
+                );
+                bulk(out, text.as_bytes());
             }
             Cmd::Auth => self.auth(s, argv, out),
             Cmd::Select => match string2ll(argv[1]) {
@@ -1704,7 +1724,7 @@ mod tests {
             id,
             "the run id comes from the seed"
         );
-        n.restart();
+        n.restart(0);
         assert_eq!(n.seed(), 9);
         assert_eq!(n.restarts(), 1);
         assert_ne!(*n.run_id(), id);
@@ -1870,7 +1890,7 @@ mod tests {
             text(&reply)
         );
         // Configuration survives a restart; logins do not.
-        n.restart();
+        n.restart(0);
         let i = n.accept();
         assert_eq!(
             run(&mut n, i, &[b"PING"], 0),
@@ -2219,7 +2239,7 @@ mod tests {
                     _ => now.saturating_add(rng.u64(..3 * MS)),
                 };
                 match rng.u8(0..40) {
-                    0 => n.restart(),
+                    0 => n.restart(0),
                     1 => n.close(*rng.choice(&conns).unwrap()),
                     2 => conns.push(n.accept()),
                     3 => {

@@ -877,7 +877,8 @@ impl World {
     fn restart(&mut self, node: usize, delay: SimTime) {
         let now = self.now;
         let nb = &mut self.nodes[node];
-        nb.node.restart();
+        let node_now = nb.clock.local(now);
+        nb.node.restart(node_now);
         nb.down_until = now + delay;
         nb.frozen_until = 0;
         for c in &mut self.clients {
