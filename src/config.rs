@@ -353,6 +353,8 @@ pub struct Settings {
     pub max_backoff: Duration,
     /// Bounds on what a server may send.
     pub limits: Limits,
+    /// How long a node must have been up before its yes to an acquire counts; zero: off.
+    pub restart_guard: Duration,
 }
 
 /// Builds a [`Redlock`]: set the nodes, optionally tune, then [`Builder::build`].
@@ -366,6 +368,7 @@ pub struct Settings {
 /// | `retry_jitter` | 100 ms |
 /// | `drift_factor` | 0.01 |
 /// | `max_backoff` | 1 s |
+/// | `restart_guard` | off (zero) |
 ///
 /// # Example
 ///
@@ -397,6 +400,7 @@ pub struct Builder {
     drift_factor: f64,
     max_backoff: Duration,
     limits: Limits,
+    restart_guard: Duration,
 }
 
 impl std::fmt::Debug for Builder {
@@ -413,6 +417,7 @@ impl std::fmt::Debug for Builder {
             .field("drift_factor", &self.drift_factor)
             .field("max_backoff", &self.max_backoff)
             .field("limits", &self.limits)
+            .field("restart_guard", &self.restart_guard)
             .finish()
     }
 }
@@ -429,6 +434,7 @@ impl Default for Builder {
             drift_factor: 0.01,
             max_backoff: Duration::from_secs(1),
             limits: Limits::default(),
+            restart_guard: Duration::ZERO,
         }
     }
 }
@@ -490,6 +496,40 @@ impl Builder {
     /// Cap on the reconnect backoff of a failed node (default 1 s).
     pub fn max_backoff(mut self, d: Duration) -> Self {
         self.max_backoff = d;
+        self
+    }
+
+    /// The restart guard (default off): a node's yes to an acquire counts only once it has
+    /// been up for `d`. Set it to the longest ttl in use.
+    ///
+    /// A Redis node that restarts without persistence comes back empty, and can then
+    /// grant a second client a key that the first still holds on a bare majority: the
+    /// Redlock spec's answer is to keep a crashed node down for the longest ttl. The
+    /// guard enforces that from the client: every connection reads the node's
+    /// `INFO server` (`uptime_in_seconds`, rounded down, so a node is taken to be as
+    /// young as it can be), and until the node has been up for `d` its yes reads as
+    /// [`NodeError::YoungerThanGuard`] in reports, its no still counts, and it is still
+    /// sent every command (so the key it may set is cleaned up as usual). A node whose
+    /// `INFO` is refused (an ACL without it) never counts a yes:
+    /// [`NodeError::Unidentified`]. At most [`MAX_TTL`](crate::MAX_TTL).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quorumlock::Redlock;
+    ///
+    /// let rl = Redlock::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .restart_guard(Duration::from_secs(30))
+    ///     .build()?;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    ///
+    /// [`NodeError::YoungerThanGuard`]: crate::NodeError::YoungerThanGuard
+    /// [`NodeError::Unidentified`]: crate::NodeError::Unidentified
+    pub fn restart_guard(mut self, d: Duration) -> Self {
+        self.restart_guard = d;
         self
     }
 
@@ -561,6 +601,13 @@ impl Builder {
                 ));
             }
         }
+        if self.restart_guard > crate::MAX_TTL {
+            return Err(ConfigError::new(
+                "restart_guard",
+                format!("{:?}", self.restart_guard),
+                "must be at most MAX_TTL (24 h)",
+            ));
+        }
         if !(0.0..1.0).contains(&self.drift_factor) {
             return Err(ConfigError::new(
                 "drift_factor",
@@ -591,6 +638,7 @@ impl Builder {
             drift_factor: self.drift_factor,
             max_backoff: self.max_backoff,
             limits: self.limits,
+            restart_guard: self.restart_guard,
         })
     }
 }

@@ -368,6 +368,25 @@ pub enum NodeError {
     Server(String),
     /// AUTH or SELECT after connecting was refused.
     Handshake(String),
+    /// This endpoint reaches the same server (same `run_id`) as node `of`, listed
+    /// earlier (a DNS alias, a port forward, a proxy): its votes do not count, so one
+    /// server never votes twice. `endpoint` names node `of` (its URL without password).
+    Duplicate {
+        /// The index of the node it duplicates, in configuration order.
+        of: usize,
+        /// That node's URL without password (empty where unknown).
+        endpoint: String,
+    },
+    /// With a restart guard: the node has been up for less than the guard (it may have
+    /// restarted empty and lost keys that are still live elsewhere), so its yes does not
+    /// count yet.
+    YoungerThanGuard {
+        /// How long it had been up, at least, when the round started.
+        up_for: Duration,
+    },
+    /// With a restart guard: the node's `INFO server` gave no `run_id` and uptime (an ACL
+    /// that forbids `INFO`?), so its age is unknown and its yes does not count.
+    Unidentified,
     /// The server had lost the lock's script (a restart or `SCRIPT FLUSH`) and the
     /// command could not be sent again with the script itself.
     NoScript,
@@ -391,6 +410,24 @@ impl fmt::Display for NodeError {
             NodeError::UnexpectedReply(what) => write!(f, "unexpected reply: {what}"),
             NodeError::Server(msg) => write!(f, "server error: {msg}"),
             NodeError::Handshake(msg) => write!(f, "AUTH/SELECT refused: {msg}"),
+            NodeError::Duplicate { of, endpoint } if endpoint.is_empty() => {
+                write!(
+                    f,
+                    "same server (run_id) as node {of}: its votes do not count"
+                )
+            }
+            NodeError::Duplicate { of, endpoint } => write!(
+                f,
+                "same server (run_id) as node {of} ({endpoint}): its votes do not count"
+            ),
+            NodeError::YoungerThanGuard { up_for } => write!(
+                f,
+                "up for only {up_for:?}, less than restart_guard: its yes does not count yet"
+            ),
+            NodeError::Unidentified => f.write_str(
+                "INFO server gave no run_id and uptime (an ACL without INFO?): \
+                 restart_guard counts no yes from it",
+            ),
             NodeError::NoScript => f.write_str("the server lost the lock script (NOSCRIPT)"),
             NodeError::Backlog => f.write_str("write backlog over the limit"),
         }

@@ -6,7 +6,7 @@ use crate::core::quorum::{acquired_until, drift, extended_until, quorum, safe_sp
 use crate::core::round::{Decision, Round};
 use crate::core::token::{Token, TokenSource};
 use crate::driver::Driver;
-use crate::error::{ArgumentError, Error, Failure, NodeReport, OsError, Phase};
+use crate::error::{ArgumentError, Error, Failure, NodeError, NodeReport, OsError, Outcome, Phase};
 use crate::lock::Lock;
 use std::time::{Duration, Instant};
 
@@ -492,9 +492,29 @@ impl Redlock {
                 .zip(self.driver.endpoints())
                 .map(|(outcome, endpoint)| NodeReport {
                     node: endpoint.to_string(),
-                    outcome,
+                    outcome: self.named(outcome),
                 })
                 .collect(),
+        }
+    }
+}
+
+impl Redlock {
+    /// `outcome` with the endpoint a duplicate node duplicates named (the core knows
+    /// nodes by index only).
+    fn named(&self, outcome: Outcome) -> Outcome {
+        match outcome {
+            Outcome::Failed(NodeError::Duplicate { of, .. }) => {
+                Outcome::Failed(NodeError::Duplicate {
+                    of,
+                    endpoint: self
+                        .driver
+                        .endpoints()
+                        .get(of)
+                        .map_or_else(String::new, |e| e.to_string()),
+                })
+            }
+            other => other,
         }
     }
 }

@@ -1156,10 +1156,23 @@ fn memory_stays_bounded(script: Script) {
     let limit = 4 << 20;
     let mut peak = 0;
     let started = Instant::now();
+    let mut missed = 0;
     for call in 0..200 {
-        let lock = rl
-            .try_lock("hostile:memory", TTL)
-            .unwrap_or_else(|e| panic!("{script:?} call {call}: {e}"));
+        // A loaded machine can starve the loop past `node_timeout` while two fakes
+        // stream at it: such a call may fail (the guarantee here is bounded memory and no
+        // hang, not a timing), and is tried again; a client that can no longer lock at all
+        // fails the test.
+        let lock = loop {
+            match rl.try_lock("hostile:memory", TTL) {
+                Ok(lock) => break lock,
+                Err(e @ quorumlock::Error::Unavailable(_)) if missed < 20 => {
+                    missed += 1;
+                    eprintln!("{script:?} call {call}: {e} (tried again)");
+                    peak = peak.max(rl.buffered_bytes());
+                }
+                Err(e) => panic!("{script:?} call {call}: {e}"),
+            }
+        };
         let released = rl
             .unlock(&lock)
             .unwrap_or_else(|e| panic!("{script:?} call {call}: unlock: {e}"));

@@ -5,6 +5,10 @@
 //! - [`unsafe_restart_gives_two_holders_and_the_checker_sees_it`]: the danger the README
 //!   describes (a node restarted at once without persistence) really yields two holders,
 //!   and the overlap checker the torture test uses reports it.
+//! - The same restart with the restart guard on gives no second holder
+//!   ([`the_restart_guard_keeps_a_restarted_node_from_granting_a_second_holder`]).
+//! - A TCP proxy in front of node 0, listed as a sixth node, never adds a vote, for
+//!   acquire and extend ([`an_alias_of_a_node_never_votes_twice`]).
 //! - [`failed_extend_never_moves_the_deadline_later`] and
 //!   [`failed_shorter_extend_moves_the_deadline_to_its_own_ttl`].
 //! - [`elapsed_counts_from_before_the_first_write`].
@@ -21,7 +25,7 @@ mod common;
 
 use common::checker::{Clock, check, hold_line, mono_ns};
 use common::{Cluster, Mode, Proxy, wait_until};
-use quorumlock::{Error, Lock, Outcome, Phase, Redlock};
+use quorumlock::{Error, Lock, NodeError, Outcome, Phase, Redlock};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -90,50 +94,8 @@ fn unsafe_restart_gives_two_holders_and_the_checker_sees_it() {
     warm_up(&mut b, "scenario:warm-b");
     let clock = Clock::calibrate();
 
-    // Freeze nodes 3 and 4, and make A see them lagging: a command on another key is
-    // queued to them (they owe its reply), and once that reply is older than
-    // `node_timeout`, A sends them nothing new.
-    cluster.node(3).freeze();
-    cluster.node(4).freeze();
-    let warm = a
-        .lock("scenario:make-lag", LONG_TTL)
-        .expect("3 healthy nodes of 5 grant a lock");
-    // The SETs queued to the frozen nodes were written before `lock` returned.
-    let queued_by = Instant::now();
-    assert!(wait_until(WAIT, || queued_by.elapsed() > node_timeout * 2));
-
-    // A's SET on the target key goes only to nodes 0, 1, 2.
-    let call_a = mono_ns();
-    let lock_a = a
-        .lock(KEY, LONG_TTL)
-        .expect("A wins on the 3 healthy nodes");
-    let acq_a = mono_ns();
-    for i in 0..3 {
-        assert_eq!(
-            get(&cluster, i, KEY).as_deref(),
-            Some(lock_a.token()),
-            "node {i} must hold A's token"
-        );
-    }
-
-    // Node 2 crashes and comes back at once, empty; the frozen nodes wake up.
-    cluster.node(2).restart();
-    cluster.node(3).thaw();
-    cluster.node(4).thaw();
-    // The frozen nodes now apply what was queued to them (the other key only).
-    assert!(wait_until(WAIT, || {
-        get(&cluster, 3, "scenario:make-lag").as_deref() == Some(warm.token())
-            && get(&cluster, 4, "scenario:make-lag").as_deref() == Some(warm.token())
-    }));
-    let holders: Vec<usize> = (0..5)
-        .filter(|&i| get(&cluster, i, KEY).as_deref() == Some(lock_a.token()))
-        .collect();
-    assert_eq!(
-        holders,
-        vec![0, 1],
-        "after the restart only nodes 0 and 1 may still hold A's token (exactly 3 held \
-         it before: 0, 1, 2)"
-    );
+    let (lock_a, call_a, acq_a) =
+        hold_on_three_then_restart_one(&cluster, &mut a, node_timeout, KEY);
 
     // B wins nodes 2, 3, 4: a majority, while A's lock is still valid.
     let call_b = mono_ns();
@@ -188,6 +150,188 @@ fn unsafe_restart_gives_two_holders_and_the_checker_sees_it() {
         "{:?}",
         report.violations
     );
+}
+
+/// The same restart with the restart guard on in the second client: the restarted node
+/// has been up for less than the guard, so its yes does not count, and B cannot win while
+/// A holds the lock on nodes 0 and 1. Once A unlocks, B wins on the four other nodes, still
+/// without the young node's vote.
+#[test]
+fn the_restart_guard_keeps_a_restarted_node_from_granting_a_second_holder() {
+    const KEY: &str = "scenario:guarded-restart";
+    // Longer than the time from the restart to B's last attempt, however loaded the
+    // machine; the nodes must have been up this long before the scenario starts.
+    const GUARD: Duration = Duration::from_secs(10);
+    let cluster = Cluster::start(5);
+    let urls = cluster.urls();
+    let node_timeout = Duration::from_millis(500);
+    let mut a = client(&urls, node_timeout, 5);
+    let mut b = Redlock::builder()
+        .nodes(&urls)
+        .node_timeout(node_timeout)
+        // About a second of attempts: its reconnect to the restarted node is done well
+        // before the last one, whose report the error carries.
+        .retry_count(10)
+        .retry_delay(Duration::from_millis(100))
+        .retry_jitter(Duration::from_millis(20))
+        .max_backoff(Duration::from_millis(50))
+        .restart_guard(GUARD)
+        .build()
+        .expect("valid configuration");
+    // Every node must be older than the guard, or B could lock nothing at all.
+    let uptime = |i: usize| {
+        cluster
+            .node(i)
+            .admin()
+            .info_field("server", "uptime_in_seconds")
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        wait_until(GUARD * 3, || (0..5).all(|i| uptime(i) > GUARD.as_secs())),
+        "the nodes never got older than the guard"
+    );
+    warm_up(&mut a, "scenario:warm-a");
+    warm_up(&mut b, "scenario:warm-b");
+
+    let (lock_a, _, _) = hold_on_three_then_restart_one(&cluster, &mut a, node_timeout, KEY);
+    let restarted_at = Instant::now();
+
+    let err = b
+        .lock(KEY, LONG_TTL)
+        .expect_err("the restarted node's yes must not give B a majority");
+    assert!(
+        restarted_at.elapsed() < GUARD,
+        "B's attempts outlasted the guard; the scenario says nothing"
+    );
+    let Error::Unavailable(failure) = &err else {
+        panic!("expected Unavailable, got {err:?}");
+    };
+    assert!(
+        matches!(
+            failure.nodes[2].outcome,
+            Outcome::Failed(NodeError::YoungerThanGuard { .. })
+        ),
+        "node 2 must be reported held back by the guard: {err}"
+    );
+    assert!(err.to_string().contains("restart_guard"), "{err}");
+    assert!(lock_a.is_valid());
+    // B's attempts set nothing that outlives them: A's key is still A's on 0 and 1.
+    for i in 0..2 {
+        assert_eq!(get(&cluster, i, KEY).as_deref(), Some(lock_a.token()));
+    }
+
+    // A unlocks: nodes 0, 1, 3, 4 are a majority without the young node.
+    a.unlock(&lock_a).expect("unlock");
+    let lock_b = b.lock(KEY, LONG_TTL).expect("B wins once A is gone");
+    for i in [0, 1, 3, 4] {
+        assert_eq!(get(&cluster, i, KEY).as_deref(), Some(lock_b.token()));
+    }
+    b.unlock(&lock_b).expect("unlock");
+}
+
+/// Node 0 is listed twice: once directly, once as a "sixth node" behind a TCP proxy (as a
+/// DNS alias or a port forward would). Six endpoints need 4 votes; with nodes 3 and 4
+/// frozen only 3 servers can vote, and the alias must not make them 4, for an acquire
+/// and for an extend. Its report names the node it duplicates.
+#[test]
+fn an_alias_of_a_node_never_votes_twice() {
+    let cluster = Cluster::start(5);
+    let proxy = Proxy::start(cluster.node(0).addr().expect("tcp"));
+    let mut urls = cluster.urls();
+    urls.push(proxy.url());
+    let mut rl = client(&urls, Duration::from_millis(500), 0);
+    warm_up(&mut rl, "scenario:warm-alias");
+    let is_duplicate_of_node_0 = |e: &Error| {
+        let (Error::Unavailable(f) | Error::Taken(f) | Error::Expired(f)) = e else {
+            return false;
+        };
+        matches!(
+            &f.nodes[5].outcome,
+            Outcome::Failed(NodeError::Duplicate { of: 0, endpoint }) if *endpoint == cluster.url(0)
+        ) && e.to_string().contains("same server")
+    };
+
+    // All five servers up: 5 votes of 6 endpoints, the alias's not among them.
+    let mut lock = rl
+        .lock("scenario:alias", LONG_TTL)
+        .expect("5 servers of 6 endpoints");
+    for i in [3, 4] {
+        cluster.node(i).freeze();
+    }
+    let err = rl
+        .extend(&mut lock, LONG_TTL)
+        .expect_err("3 servers are not 4 votes, alias or not");
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+    assert!(is_duplicate_of_node_0(&err), "{err}");
+
+    let err = rl
+        .try_lock("scenario:alias-2", LONG_TTL)
+        .expect_err("3 servers are not 4 votes, alias or not");
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+    assert!(is_duplicate_of_node_0(&err), "{err}");
+    // The alias's SET went through to node 0: the failed attempt deleted it again.
+    assert!(wait_until(WAIT, || get(&cluster, 0, "scenario:alias-2").is_none()));
+    for i in [3, 4] {
+        cluster.node(i).thaw();
+    }
+}
+
+/// The unsafe restart's setup: with nodes 3 and 4 frozen (and seen lagging by `a`), `a`
+/// locks `key` on nodes 0, 1, 2 only; node 2 then restarts at once, empty, and 3 and 4
+/// thaw. Returns the lock and the monotonic times just before and after its `lock` call.
+fn hold_on_three_then_restart_one(
+    cluster: &Cluster,
+    a: &mut Redlock,
+    node_timeout: Duration,
+    key: &str,
+) -> (Lock, u64, u64) {
+    // Freeze nodes 3 and 4, and make A see them lagging: a command on another key is
+    // queued to them (they owe its reply), and once that reply is older than
+    // `node_timeout`, A sends them nothing new.
+    cluster.node(3).freeze();
+    cluster.node(4).freeze();
+    let warm = a
+        .lock("scenario:make-lag", LONG_TTL)
+        .expect("3 healthy nodes of 5 grant a lock");
+    // The SETs queued to the frozen nodes were written before `lock` returned.
+    let queued_by = Instant::now();
+    assert!(wait_until(WAIT, || queued_by.elapsed() > node_timeout * 2));
+
+    // A's SET on the target key goes only to nodes 0, 1, 2.
+    let call_a = mono_ns();
+    let lock_a = a
+        .lock(key, LONG_TTL)
+        .expect("A wins on the 3 healthy nodes");
+    let acq_a = mono_ns();
+    for i in 0..3 {
+        assert_eq!(
+            get(cluster, i, key).as_deref(),
+            Some(lock_a.token()),
+            "node {i} must hold A's token"
+        );
+    }
+
+    // Node 2 crashes and comes back at once, empty; the frozen nodes wake up.
+    cluster.node(2).restart();
+    cluster.node(3).thaw();
+    cluster.node(4).thaw();
+    // The frozen nodes now apply what was queued to them (the other key only).
+    assert!(wait_until(WAIT, || {
+        get(cluster, 3, "scenario:make-lag").as_deref() == Some(warm.token())
+            && get(cluster, 4, "scenario:make-lag").as_deref() == Some(warm.token())
+    }));
+    let holders: Vec<usize> = (0..5)
+        .filter(|&i| get(cluster, i, key).as_deref() == Some(lock_a.token()))
+        .collect();
+    assert_eq!(
+        holders,
+        vec![0, 1],
+        "after the restart only nodes 0 and 1 may still hold A's token (exactly 3 held \
+         it before: 0, 1, 2)"
+    );
+
+    (lock_a, call_a, acq_a)
 }
 
 // ---------------------------------------------------------------------------------------

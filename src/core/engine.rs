@@ -111,6 +111,9 @@ pub struct Timing {
     pub max_backoff: Duration,
     /// Bounds on what a server may send.
     pub limits: Limits,
+    /// A node's yes to an acquire counts only once it has been up this long
+    /// ([`Identity::up_for`](super::session::Identity::up_for)); zero: off.
+    pub restart_guard: Duration,
 }
 
 /// The client's protocol over every node.
@@ -140,6 +143,12 @@ pub struct Engine {
     /// on thawing sets the key for a whole ttl from then: the unlock's delete, queued
     /// behind it, is what removes it).
     write_until: Option<Instant>,
+    /// When the current round started: the restart guard measures uptime from there.
+    round_start: Option<Instant>,
+    /// Nodes whose votes go through [`Engine::screen`] before they count: an endpoint
+    /// that reaches the same server as another, and with a restart guard, one not yet
+    /// known to have been up for it. Empty in steady state: the hot path pays one test.
+    watch: u64,
 }
 
 impl Engine {
@@ -159,7 +168,98 @@ impl Engine {
             timing,
             slow_work: false,
             write_until: None,
+            round_start: None,
+            watch: 0,
         }
+        .watching(now)
+    }
+
+    /// `self` with its watch list computed as of `now`.
+    fn watching(mut self, now: Instant) -> Engine {
+        self.refresh_watch(now);
+        self
+    }
+
+    /// Recomputes which nodes' votes must be screened, as of `at`.
+    #[cold]
+    fn refresh_watch(&mut self, at: Instant) {
+        let guard = self.timing.restart_guard;
+        let mut watch = 0;
+        for (node, s) in self.sessions.iter().enumerate() {
+            let young = !guard.is_zero() && s.identity.is_none_or(|id| id.up_for(at) < guard);
+            if young || self.twin_of(node).is_some() {
+                watch |= node_bit(node);
+            }
+        }
+        self.watch = watch;
+    }
+
+    /// The nodes other than `node` whose server, as last identified, is `node`'s.
+    fn twins(&self, node: usize) -> impl Iterator<Item = usize> + '_ {
+        let run_id = self.sessions[node].identity.map(|id| id.run_id);
+        self.sessions
+            .iter()
+            .enumerate()
+            .filter(move |&(m, o)| {
+                m != node && run_id.is_some() && o.identity.map(|id| id.run_id) == run_id
+            })
+            .map(|(m, _)| m)
+    }
+
+    /// The first node other than `node` that reaches the same server.
+    fn twin_of(&self, node: usize) -> Option<usize> {
+        self.twins(node).next()
+    }
+
+    /// What `node`'s reply `outcome` for `slot` counts as. An endpoint that reaches the
+    /// same server as an earlier one in the configuration (a DNS alias, a port forward, a
+    /// proxy) never counts: one server, one vote. Should the earlier one's identity have
+    /// been learned only after the later one voted in this round, the later one's vote
+    /// stands and the earlier one's is the one dropped: never two. With a restart guard,
+    /// a yes to an acquire from a node not known to have been up for the guard (at the
+    /// round's start) is not counted yet; its no counts, which is the safe direction.
+    #[cold]
+    fn screen(
+        &self,
+        node: usize,
+        slot: usize,
+        phase: Phase,
+        outcome: Outcome,
+        round: &Round,
+    ) -> Outcome {
+        let counts = |o: &Option<Outcome>| {
+            matches!(
+                o,
+                Some(Outcome::Locked | Outcome::Held | Outcome::Released | Outcome::NotHeld)
+            )
+        };
+        if matches!(
+            outcome,
+            Outcome::Failed(_) | Outcome::NoReply | Outcome::NotNeeded
+        ) {
+            return outcome;
+        }
+        for m in self.twins(node) {
+            if m < node || counts(&round.vote(m, slot)) {
+                return Outcome::Failed(NodeError::Duplicate {
+                    of: m,
+                    endpoint: String::new(),
+                });
+            }
+        }
+        let guard = self.timing.restart_guard;
+        let yes = matches!(outcome, Outcome::Locked | Outcome::Released);
+        if yes && phase == Phase::Acquire && !guard.is_zero() {
+            let s = &self.sessions[node];
+            let Some(id) = s.identity else {
+                return Outcome::Failed(NodeError::Unidentified);
+            };
+            let up_for = id.up_for(self.round_start.unwrap_or(id.read_at));
+            if up_for < guard {
+                return Outcome::Failed(NodeError::YoungerThanGuard { up_for });
+            }
+        }
+        outcome
     }
 
     /// The nodes' sessions, in configuration order.
@@ -276,6 +376,11 @@ impl Engine {
     pub fn begin<T: Transport>(&mut self, t: &mut T, active: &mut Active<'_>, start: Instant) {
         let req = active.req;
         self.round_id += 1;
+        self.round_start = Some(start);
+        if self.watch != 0 {
+            // Uptime only grows: a node the guard held back may count from this round.
+            self.refresh_watch(start);
+        }
         self.write_until = match req.phase {
             Phase::Release => None,
             Phase::Acquire | Phase::Extend => start.checked_add(Duration::from_millis(req.ttl_ms)),
@@ -592,10 +697,12 @@ impl Engine {
     #[inline(always)]
     fn take_votes(&mut self, node: usize, mut active: Option<&mut Active<'_>>) -> bool {
         let round_id = self.round_id;
+        // A watched node's votes are screened on the general path.
+        let fast = self.fast_votes && self.watch & node_bit(node) == 0;
         let Some(s) = self.sessions.get_mut(node) else {
             return false;
         };
-        if self.fast_votes {
+        if fast {
             while let Some((round, slot, yes)) = s.take_vote() {
                 // Votes count only in the round that is waiting for them; a late reply of
                 // an earlier round is read and dropped.
@@ -625,7 +732,12 @@ impl Engine {
         self.slow_work = true;
         // The moment the bytes were read, at the earliest (an `INFO` reply is dated by it).
         let now = t.now();
-        let Some(answer) = self.sessions[node].next_answer(&self.timing.limits, now) else {
+        let before = self.sessions[node].identity;
+        let answer = self.sessions[node].next_answer(&self.timing.limits, now);
+        if self.sessions[node].identity != before {
+            self.refresh_watch(self.round_start.unwrap_or(now));
+        }
+        let Some(answer) = answer else {
             return false;
         };
         // Votes count only in the round that is waiting for them; handshake and
@@ -691,7 +803,13 @@ impl Engine {
             Answer { to, outcome } => {
                 if let Some(expect) = to {
                     if let Some(a) = active.filter(|_| current(&expect)) {
-                        a.round.record(node, expect.slot as usize, outcome);
+                        let slot = expect.slot as usize;
+                        let outcome = if self.watch & node_bit(node) != 0 {
+                            self.screen(node, slot, a.req.phase, outcome, a.round)
+                        } else {
+                            outcome
+                        };
+                        a.round.record(node, slot, outcome);
                     }
                 }
             }

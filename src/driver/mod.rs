@@ -66,6 +66,7 @@ impl Driver {
             connect_timeout: settings.connect_timeout,
             max_backoff: settings.max_backoff,
             limits: settings.limits,
+            restart_guard: settings.restart_guard,
         };
         let mut driver = Driver {
             events: Events::with_capacity(64.max(2 * settings.nodes.len())),

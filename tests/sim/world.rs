@@ -89,6 +89,9 @@ pub enum Mode {
     /// Once per scenario, a node holding a live lock's key on a bare majority restarts
     /// empty at once: overlaps are possible, and counted.
     UnsafeRestart,
+    /// The same restarts, with every client's restart guard longer than any ttl: no
+    /// overlap may happen.
+    GuardedRestart,
 }
 
 /// A clock that reads `offset + rate × global` nanoseconds.
@@ -149,6 +152,8 @@ pub struct Stats {
     /// The smallest seed that showed an overlap.
     pub overlap_seed: Option<u64>,
     pub unsafe_restarts: u64,
+    /// Yes votes the restart guard did not count ([`Mode::GuardedRestart`]).
+    pub guard_held: u64,
 }
 
 impl Stats {
@@ -181,6 +186,7 @@ impl Stats {
             (a, b) => a.or(b),
         };
         self.unsafe_restarts += o.unsafe_restarts;
+        self.guard_held += o.guard_held;
     }
 
     /// Faults injected, all kinds.
@@ -626,7 +632,7 @@ impl World {
         let mut rng = fastrand::Rng::with_seed(seed);
         let n = if rng.bool() { 3 } else { 5 };
         let clients = rng.usize(2..=4);
-        let resources = if mode == Mode::UnsafeRestart {
+        let resources = if mode != Mode::Safe {
             1
         } else {
             rng.usize(1..=RESOURCES.len())
@@ -684,6 +690,12 @@ impl World {
             connect_timeout: Duration::from_millis(10),
             max_backoff: Duration::from_millis(20),
             limits: Limits::default(),
+            // Longer than any ttl (40 ms) on any clock.
+            restart_guard: if mode == Mode::GuardedRestart {
+                Duration::from_millis(60)
+            } else {
+                Duration::ZERO
+            },
         };
         let clients = (0..clients)
             .map(|ci| {
@@ -777,7 +789,7 @@ impl World {
                     self.due(ci);
                 }
             }
-            if self.mode == Mode::UnsafeRestart && self.maybe_unsafe_restart() {
+            if self.mode != Mode::Safe && self.maybe_unsafe_restart() {
                 for ci in 0..self.clients.len() {
                     self.due(ci);
                 }
@@ -820,7 +832,7 @@ impl World {
             }
         }
         let found = overlaps(&self.holds);
-        if self.mode == Mode::Safe {
+        if self.mode != Mode::UnsafeRestart {
             if let Some(o) = found.first() {
                 panic!(
                     "seed {seed}: two validity windows overlap: {:?} and {:?} share [{}, {}) ns",
@@ -1208,6 +1220,11 @@ impl World {
         let decision = c.round.decision(0);
         match c.phase {
             Phase::Acquire => {
+                self.stats.guard_held += c
+                    .round
+                    .outcomes(0)
+                    .filter(|o| matches!(o, Outcome::Failed(NodeError::YoungerThanGuard { .. })))
+                    .count() as u64;
                 if decision == Decision::Won {
                     self.check_won(ci);
                 }
