@@ -1,5 +1,6 @@
-//! The Lua scripts that make release and extend safe: they act only on a key whose value
-//! is the caller's token, atomically on the server.
+//! The Lua scripts that make release and extend safe (they act only on a key whose value
+//! is the caller's token, atomically on the server), and those of multi-resource locks
+//! and fencing (all keys or none; a fence counter only ever rises).
 //!
 //! The SHA1 digests are fixed constants (the crate takes no hashing dependency); the
 //! live-server tests check them against `SCRIPT LOAD`, and the unit test below checks them
@@ -18,6 +19,36 @@ pub const EXTEND: &[u8] = br#"if redis.call("get",KEYS[1]) == ARGV[1] then retur
 
 /// SHA1 of [`EXTEND`], for `EVALSHA`.
 pub const EXTEND_SHA: &[u8; 40] = b"36e94d1c6e02fcefaa7ee5d79eee614dbac55f10";
+
+/// Takes every one of `ARGV[3]` keys (`KEYS[1..n]`) with value `ARGV[1]` and expiry
+/// `ARGV[2]` ms, or none if any exists: `lock_all`'s one command per node, and the fenced
+/// acquire. Answers as `SET NX` does (`+OK`, or nil when any key is taken); with fence
+/// counter keys after the lock keys (`KEYS[n+1..]`), answers the largest counter among
+/// them (0 for none) instead of `+OK`.
+pub const ACQUIRE: &[u8] = br#"local n=tonumber(ARGV[3]) for i=1,n do if redis.call("exists",KEYS[i])==1 then return false end end for i=1,n do redis.call("set",KEYS[i],ARGV[1],"px",ARGV[2]) end if #KEYS==n then return redis.status_reply("OK") end local m=0 for i=n+1,#KEYS do local c=tonumber(redis.call("get",KEYS[i])) if c and c>m then m=c end end return m"#;
+
+/// SHA1 of [`ACQUIRE`].
+pub const ACQUIRE_SHA: &[u8; 40] = b"d6cccac015aba2c5360e6a0e8c7916707871bd3f";
+
+/// Raises every fence counter in `KEYS` to `ARGV[1]` where it is lower (or missing): the
+/// write-back of a fence. Returns 1.
+pub const FENCE: &[u8] = br#"local f=tonumber(ARGV[1]) for i=1,#KEYS do local c=tonumber(redis.call("get",KEYS[i])) if not c or c<f then redis.call("set",KEYS[i],ARGV[1]) end end return 1"#;
+
+/// SHA1 of [`FENCE`].
+pub const FENCE_SHA: &[u8; 40] = b"e37b94845efb511578143b5e836fb47218163ac2";
+
+/// Deletes each of `KEYS` whose value is `ARGV[1]`. Returns 1 if all were, else 0.
+pub const RELEASE_ALL: &[u8] = br#"local n=0 for i=1,#KEYS do if redis.call("get",KEYS[i])==ARGV[1] then redis.call("del",KEYS[i]) n=n+1 end end if n==#KEYS then return 1 end return 0"#;
+
+/// SHA1 of [`RELEASE_ALL`].
+pub const RELEASE_ALL_SHA: &[u8; 40] = b"bbd1b902fb026e71ac437a22ec0f7fbf0dfbb1c3";
+
+/// Sets the expiry of every one of `KEYS` to `ARGV[2]` ms if all their values are
+/// `ARGV[1]`, else touches none. Returns 1 if extended, else 0.
+pub const EXTEND_ALL: &[u8] = br#"for i=1,#KEYS do if redis.call("get",KEYS[i])~=ARGV[1] then return 0 end end for i=1,#KEYS do redis.call("pexpire",KEYS[i],ARGV[2]) end return 1"#;
+
+/// SHA1 of [`EXTEND_ALL`].
+pub const EXTEND_ALL_SHA: &[u8; 40] = b"625585dd655db49164a0d3f383c152341a6e2375";
 
 #[cfg(test)]
 mod tests {
@@ -77,5 +108,9 @@ mod tests {
         assert_eq!(sha1_hex(b"abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
         assert_eq!(sha1_hex(RELEASE).as_bytes(), RELEASE_SHA);
         assert_eq!(sha1_hex(EXTEND).as_bytes(), EXTEND_SHA);
+        assert_eq!(sha1_hex(ACQUIRE).as_bytes(), ACQUIRE_SHA);
+        assert_eq!(sha1_hex(FENCE).as_bytes(), FENCE_SHA);
+        assert_eq!(sha1_hex(RELEASE_ALL).as_bytes(), RELEASE_ALL_SHA);
+        assert_eq!(sha1_hex(EXTEND_ALL).as_bytes(), EXTEND_ALL_SHA);
     }
 }
