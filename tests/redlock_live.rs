@@ -381,15 +381,14 @@ fn tcp_db_number_is_selected() {
 fn script_digests_match_what_redis_computes() {
     let cluster = Cluster::start(1);
     let mut admin = cluster.node(0).admin();
+    use quorumlock::__private::core::script as s;
     for (body, sha) in [
-        (
-            quorumlock::__private::core::script::RELEASE,
-            quorumlock::__private::core::script::RELEASE_SHA,
-        ),
-        (
-            quorumlock::__private::core::script::EXTEND,
-            quorumlock::__private::core::script::EXTEND_SHA,
-        ),
+        (s::RELEASE, s::RELEASE_SHA),
+        (s::EXTEND, s::EXTEND_SHA),
+        (s::ACQUIRE, s::ACQUIRE_SHA),
+        (s::FENCE, s::FENCE_SHA),
+        (s::RELEASE_ALL, s::RELEASE_ALL_SHA),
+        (s::EXTEND_ALL, s::EXTEND_ALL_SHA),
     ] {
         let reply = admin.cmd(&[&b"SCRIPT"[..], b"LOAD", body]);
         assert_eq!(reply.as_bytes(), Some(&sha[..]), "{reply:?}");
