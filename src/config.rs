@@ -355,6 +355,8 @@ pub struct Settings {
     pub limits: Limits,
     /// How long a node must have been up before its yes to an acquire counts; zero: off.
     pub restart_guard: Duration,
+    /// Every lock carries a fence ([`Lock::fence`](crate::Lock::fence)).
+    pub fencing: bool,
 }
 
 /// Builds a [`Redlock`]: set the nodes, optionally tune, then [`Builder::build`].
@@ -369,6 +371,7 @@ pub struct Settings {
 /// | `drift_factor` | 0.01 |
 /// | `max_backoff` | 1 s |
 /// | `restart_guard` | off (zero) |
+/// | `fencing` | off |
 ///
 /// # Example
 ///
@@ -401,6 +404,7 @@ pub struct Builder {
     max_backoff: Duration,
     limits: Limits,
     restart_guard: Duration,
+    fencing: bool,
 }
 
 impl std::fmt::Debug for Builder {
@@ -418,6 +422,7 @@ impl std::fmt::Debug for Builder {
             .field("max_backoff", &self.max_backoff)
             .field("limits", &self.limits)
             .field("restart_guard", &self.restart_guard)
+            .field("fencing", &self.fencing)
             .finish()
     }
 }
@@ -435,6 +440,7 @@ impl Default for Builder {
             max_backoff: Duration::from_secs(1),
             limits: Limits::default(),
             restart_guard: Duration::ZERO,
+            fencing: false,
         }
     }
 }
@@ -530,6 +536,45 @@ impl Builder {
     /// [`NodeError::Unidentified`]: crate::NodeError::Unidentified
     pub fn restart_guard(mut self, d: Duration) -> Self {
         self.restart_guard = d;
+        self
+    }
+
+    /// Fencing tokens (default off): every lock carries a fence
+    /// ([`Lock::fence`](crate::Lock::fence)), a number strictly larger than the fence of
+    /// every lock on the same resource granted before it, at the cost of a second round
+    /// trip per acquire.
+    ///
+    /// The acquire also reads each node's counter for the resource
+    /// (`quorumlock:fence:<resource>`, a permanent key); the fence is the largest counter
+    /// among the nodes whose yes won the lock, plus one, and it is written back (raised
+    /// where lower) to every node whose connection is up before the lock is returned,
+    /// once a majority has confirmed it. Any two majorities share a node, so the next
+    /// lock reads it. This needs the counters to survive: a node that restarts empty
+    /// loses them (the restart guard protects exclusivity, which expires anyway, but not
+    /// counters, which are permanent), so strict order across restarts needs persistence
+    /// (AOF) on the nodes, or the write-back to have reached more nodes than restart. It
+    /// also needs a ttl of at least 4 × `node_timeout`, so that no acquire round can
+    /// span another lock's write-back; shorter ttls are refused. What the fence does
+    /// not do: stop a late write by itself. The storage that the lock protects must keep
+    /// the largest fence it has accepted and refuse a write with a smaller one.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use quorumlock::Redlock;
+    ///
+    /// let mut rl = Redlock::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .fencing(true)
+    ///     .build()?;
+    /// let lock = rl.lock("report:2026-11", Duration::from_secs(10))?;
+    /// let fence = lock.fence().expect("fencing is on");
+    /// # let _ = fence;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = on;
         self
     }
 
@@ -639,6 +684,7 @@ impl Builder {
             max_backoff: self.max_backoff,
             limits: self.limits,
             restart_guard: self.restart_guard,
+            fencing: self.fencing,
         })
     }
 }

@@ -135,6 +135,9 @@ pub enum Phase {
     Extend,
     /// `unlock` (compare-and-delete).
     Release,
+    /// The write-back of a fence after a fenced acquire (raise each node's counter to
+    /// the lock's fence).
+    Fence,
 }
 
 impl fmt::Display for Phase {
@@ -143,6 +146,7 @@ impl fmt::Display for Phase {
             Phase::Acquire => "lock",
             Phase::Extend => "extend of lock",
             Phase::Release => "unlock of lock",
+            Phase::Fence => "fence write-back of lock",
         })
     }
 }
@@ -288,6 +292,8 @@ pub enum Outcome {
     Held,
     /// Release deleted our key.
     Released,
+    /// The fence write-back raised the node's counter (or found it as high already).
+    Fenced,
     /// Release or extend found no key with this lock's token (expired, deleted, taken
     /// over, or never set there).
     NotHeld,
@@ -301,8 +307,8 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// A yes or no vote on a `phase` command, by name: yes is `Locked` (acquire, extend)
-    /// or `Released`; no is `Held` (acquire: another token holds the key) or `NotHeld`
+    /// A yes or no vote on a `phase` command, by name: yes is `Locked` (acquire, extend),
+    /// `Released` or `Fenced`; no is `Held` (acquire: another token holds the key) or `NotHeld`
     /// (extend, release: the key is gone or holds another token).
     ///
     /// # Example
@@ -317,6 +323,7 @@ impl Outcome {
     pub fn vote(phase: Phase, yes: bool) -> Outcome {
         match (phase, yes) {
             (Phase::Release, true) => Outcome::Released,
+            (Phase::Fence, true) => Outcome::Fenced,
             (_, true) => Outcome::Locked,
             (Phase::Acquire, false) => Outcome::Held,
             (_, false) => Outcome::NotHeld,
@@ -330,6 +337,7 @@ impl fmt::Display for Outcome {
             Outcome::Locked => f.write_str("locked"),
             Outcome::Held => f.write_str("held by another client"),
             Outcome::Released => f.write_str("released"),
+            Outcome::Fenced => f.write_str("fence written"),
             Outcome::NotHeld => f.write_str("does not hold this token"),
             Outcome::NotNeeded => f.write_str("not needed (decided before it answered)"),
             Outcome::NoReply => f.write_str("no reply within node_timeout"),

@@ -57,7 +57,9 @@ mod config;
 mod core;
 mod driver;
 mod error;
+mod fencing;
 mod lock;
+mod lock_all;
 mod redlock;
 mod resp;
 

@@ -39,6 +39,11 @@ pub struct Lock {
     written: u64,
     // INVARIANT: deadline = start of the operation that last set the keys + ttl − drift.
     deadline: Instant,
+    /// The resources after the first, for a lock taken by `lock_all` (empty otherwise:
+    /// an empty boxed slice does not allocate).
+    more: Box<[Box<[u8]>]>,
+    /// The fence, when taken with fencing on.
+    fence: Option<u64>,
 }
 
 impl Lock {
@@ -57,7 +62,25 @@ impl Lock {
             started,
             written,
             deadline,
+            more: Box::default(),
+            fence: None,
         }
+    }
+
+    /// With the resources after the first (a lock taken by `lock_all`).
+    pub(crate) fn with_more(mut self, more: Box<[Box<[u8]>]>) -> Lock {
+        self.more = more;
+        self
+    }
+
+    /// With its fence.
+    pub(crate) fn set_fence(&mut self, fence: u64) {
+        self.fence = Some(fence);
+    }
+
+    /// Whether it covers several resources (taken by `lock_all`).
+    pub(crate) fn is_multi(&self) -> bool {
+        !self.more.is_empty()
     }
 
     /// The nodes this lock's commands were written to.
@@ -70,7 +93,47 @@ impl Lock {
         self.written |= nodes;
     }
 
-    /// The locked resource (the Redis key), exactly as given.
+    /// Every resource the lock covers, in the order given: one for a lock from
+    /// [`Redlock::lock`](crate::Redlock::lock), all of them for one from
+    /// [`Redlock::lock_all`](crate::Redlock::lock_all). The first is [`Lock::resource`].
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let mut rl = quorumlock::Redlock::builder().nodes(["redis://127.0.0.1:7001"]).build()?;
+    /// let lock = rl.lock_all(&["account:a", "account:b"], Duration::from_secs(5))?;
+    /// let names: Vec<&[u8]> = lock.resources().collect();
+    /// assert_eq!(names, [&b"account:a"[..], b"account:b"]);
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    pub fn resources(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        std::iter::once(self.resource()).chain(self.more.iter().map(|r| &r[..]))
+    }
+
+    /// The fence: `Some` on every lock taken with fencing on
+    /// ([`Builder::fencing`](crate::Builder::fencing)), `None` otherwise. It is strictly
+    /// larger than the fence of every lock on the same resource granted before this one,
+    /// so a storage that remembers the largest fence it has accepted, and refuses a write
+    /// that carries a smaller one, turns away a holder that kept writing after its lock
+    /// expired (paused by GC, swapped out, partitioned). See the README, "Fencing".
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let mut rl = quorumlock::Redlock::builder().nodes(["redis://127.0.0.1:7001"]).fencing(true).build()?;
+    /// let lock = rl.lock("invoice:7", Duration::from_secs(5))?;
+    /// let fence = lock.fence().expect("fencing is on");
+    /// // storage.write_if_fence_at_least(fence, ...)
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+
+    /// The locked resource (the Redis key), exactly as given; for a lock from
+    /// [`Redlock::lock_all`](crate::Redlock::lock_all), the first of them.
     pub fn resource(&self) -> &[u8] {
         self.resource.as_bytes()
     }
@@ -124,6 +187,8 @@ impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock")
             .field("resource", &crate::error::Escaped(self.resource()))
+            .field("more", &self.more.len())
+            .field("fence", &self.fence)
             // A prefix to tell locks apart in logs; the whole token is a credential.
             .field("token", &format_args!("{}…", &self.token.to_string()[..8]))
             .field("ttl", &self.ttl)

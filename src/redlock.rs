@@ -8,6 +8,7 @@ use crate::core::token::{Token, TokenSource};
 use crate::driver::Driver;
 use crate::error::{ArgumentError, Error, Failure, NodeError, NodeReport, OsError, Outcome, Phase};
 use crate::lock::Lock;
+use crate::lock_all::lock_items;
 use std::time::{Duration, Instant};
 
 /// A Redlock client over N independent Redis masters.
@@ -37,11 +38,11 @@ use std::time::{Duration, Instant};
 /// # Ok::<(), Error>(())
 /// ```
 pub struct Redlock {
-    settings: Settings,
-    driver: Driver,
-    round: Round,
-    tokens: TokenSource,
-    lost: Vec<usize>,
+    pub(crate) settings: Settings,
+    pub(crate) driver: Driver,
+    pub(crate) round: Round,
+    pub(crate) tokens: TokenSource,
+    pub(crate) lost: Vec<usize>,
     /// The last ttl (whole ms) an attempt used and its `ttl − drift`: services lock with
     /// one ttl, and the float arithmetic of the drift is then done once.
     safe_ttl: (u64, Option<Duration>),
@@ -131,28 +132,26 @@ impl Redlock {
         let Some(safe) = self.safe_ttl.1 else {
             return Err(self.ttl_within_drift(ttl));
         };
+        if self.settings.fencing {
+            self.check_fenced_ttl(whole_ms)?;
+        }
         let items = [Item {
             key: resource,
             token: self.next_token()?,
         }];
         let req = Request {
-            phase: Phase::Acquire,
-            ttl_ms,
-            items: &items,
-            chase: 0,
+            fencing: self.fencing(),
+            ..Request::new(Phase::Acquire, ttl_ms, &items, 0)
         };
         let start = self.driver.run(&mut self.round, &req);
         if let Some(end) = self.won_until(0, Some(safe), start) {
             // Built in place: a lock is 150 bytes, not worth a copy on the hot path.
             let written = self.driver.written();
-            return Ok(Lock::new(
-                resource,
-                items[0].token,
-                whole_ms,
-                start,
-                end,
-                written,
-            ));
+            let lock = Lock::new(resource, items[0].token, whole_ms, start, end, written);
+            if self.settings.fencing {
+                return self.fence_lock(lock, &items, false, start, attempt);
+            }
+            return Ok(lock);
         }
         let error = self.acquire_error(resource, 0, start, attempt);
         self.lost.clear();
@@ -162,7 +161,7 @@ impl Redlock {
     }
 
     #[inline]
-    fn next_token(&mut self) -> Result<Token, Error> {
+    pub(crate) fn next_token(&mut self) -> Result<Token, Error> {
         self.tokens
             .next_token()
             .map_err(|e| Error::Os(OsError::new("reading lock tokens from /dev/urandom", e)))
@@ -170,7 +169,7 @@ impl Redlock {
 
     /// Such a lock could never be valid: say so instead of failing every attempt.
     #[cold]
-    fn ttl_within_drift(&self, ttl: Duration) -> Error {
+    pub(crate) fn ttl_within_drift(&self, ttl: Duration) -> Error {
         Error::InvalidArgument(ArgumentError::new(
             "ttl",
             format!("{ttl:?}"),
@@ -183,7 +182,12 @@ impl Redlock {
 
     /// When `slot` was won in time: the lock's deadline (`start + safe`).
     #[inline]
-    fn won_until(&self, slot: usize, safe: Option<Duration>, start: Instant) -> Option<Instant> {
+    pub(crate) fn won_until(
+        &self,
+        slot: usize,
+        safe: Option<Duration>,
+        start: Instant,
+    ) -> Option<Instant> {
         // Every decision is stamped before `run` returns; were one not, "now" is the
         // safe reading (the latest the decision can have been), `start` would not be.
         let decided = self.round.decided_at(slot).unwrap_or_else(Instant::now);
@@ -192,7 +196,13 @@ impl Redlock {
 
     /// Why `slot` was not won (or was won too late).
     #[cold]
-    fn acquire_error(&self, resource: &[u8], slot: usize, start: Instant, attempt: u32) -> Error {
+    pub(crate) fn acquire_error(
+        &self,
+        resource: &[u8],
+        slot: usize,
+        start: Instant,
+        attempt: u32,
+    ) -> Error {
         let failure = self.failure(Phase::Acquire, resource, slot, attempt, start);
         match self.round.decision(slot) {
             Decision::Won => Error::Expired(failure),
@@ -249,15 +259,10 @@ impl Redlock {
                 nodes: Vec::new(),
             }));
         }
-        let items = [Item {
-            key: lock.resource(),
-            token: lock.token_value(),
-        }];
+        let items = lock_items(lock);
         let req = Request {
-            phase: Phase::Extend,
-            ttl_ms,
-            items: &items,
-            chase: 0,
+            atomic: lock.is_multi(),
+            ..Request::new(Phase::Extend, ttl_ms, &items, 0)
         };
         let start = self.driver.run(&mut self.round, &req);
         let written = self.driver.written();
@@ -311,15 +316,10 @@ impl Redlock {
     /// keys there expire with the ttl. Unlocking twice, or after expiry, is harmless: it
     /// returns `Ok(0)` or the nodes that still had the key.
     pub fn unlock(&mut self, lock: &Lock) -> Result<usize, Error> {
-        let items = [Item {
-            key: lock.resource(),
-            token: lock.token_value(),
-        }];
+        let items = lock_items(lock);
         let req = Request {
-            phase: Phase::Release,
-            ttl_ms: 0,
-            items: &items,
-            chase: lock.written(),
+            atomic: lock.is_multi(),
+            ..Request::new(Phase::Release, 0, &items, lock.written())
         };
         let start = self.driver.run(&mut self.round, &req);
         self.settle_release(&items[0], 0, start)
@@ -407,34 +407,49 @@ impl Redlock {
         let start = if items.is_empty() {
             Instant::now()
         } else {
+            if self.settings.fencing {
+                if let Err(e) = self.check_fenced_ttl(whole) {
+                    results.extend(resources.iter().map(|_| Err(e.clone())));
+                    return;
+                }
+            }
             let req = Request {
-                phase: Phase::Acquire,
-                ttl_ms,
-                items: &items,
-                chase: 0,
+                fencing: self.fencing(),
+                ..Request::new(Phase::Acquire, ttl_ms, &items, 0)
             };
             self.driver.run(&mut self.round, &req)
         };
-        let mut slot = 0;
         self.lost.clear();
-        for resource in resources {
-            if let Err(e) = check_resource(resource.as_ref()) {
-                results.push(Err(e));
-                continue;
-            }
-            let result = self.settle_acquire(&items[slot], slot, whole, safe, start, 1);
+        let mut settled = Vec::with_capacity(items.len());
+        for (slot, item) in items.iter().enumerate() {
+            let result = self.settle_acquire(item, slot, whole, safe, start, 1);
             if result.is_err() {
                 self.lost.push(slot);
             }
-            results.push(result);
-            slot += 1;
+            settled.push(result);
         }
+        // Before any other round: the deletes go where this round's SETs went.
         self.driver.release_lost(&items, &self.lost);
+        if self.settings.fencing {
+            self.fence_batch(&items, &mut settled, start);
+        }
+        // One result per resource, in order: the refused ones were never sent.
+        let mut settled = settled.into_iter();
+        for resource in resources {
+            match check_resource(resource.as_ref()) {
+                Err(e) => results.push(Err(e)),
+                Ok(()) => results.extend(settled.next()),
+            }
+        }
     }
 
     /// Releases several locks in one round per batch; one result per lock, as
     /// [`Redlock::unlock`].
     pub fn unlock_many(&mut self, locks: &[Lock]) -> Vec<Result<usize, Error>> {
+        if locks.iter().any(Lock::is_multi) {
+            // A lock over several resources is released by one script of its own.
+            return locks.iter().map(|lock| self.unlock(lock)).collect();
+        }
         let mut results = Vec::with_capacity(locks.len());
         let mut rest = locks;
         while !rest.is_empty() {
@@ -447,12 +462,8 @@ impl Redlock {
                     token: l.token_value(),
                 })
                 .collect();
-            let req = Request {
-                phase: Phase::Release,
-                ttl_ms: 0,
-                items: &items,
-                chase: batch.iter().fold(0, |mask, l| mask | l.written()),
-            };
+            let chase = batch.iter().fold(0, |mask, l| mask | l.written());
+            let req = Request::new(Phase::Release, 0, &items, chase);
             let start = self.driver.run(&mut self.round, &req);
             for (slot, item) in items.iter().enumerate() {
                 results.push(self.settle_release(item, slot, start));
@@ -468,7 +479,7 @@ impl Redlock {
         self.driver.buffered()
     }
 
-    fn failure(
+    pub(crate) fn failure(
         &self,
         op: Phase,
         resource: &[u8],
@@ -522,9 +533,9 @@ impl Redlock {
 /// Longest resource name accepted, in bytes.
 pub const MAX_RESOURCE: usize = 64 * 1024;
 /// Most resources one batch round carries; larger batches are split into rounds.
-const MAX_BATCH: usize = 1024;
+pub(crate) const MAX_BATCH: usize = 1024;
 /// Most key bytes one batch round carries (with a margin for each command's framing).
-const MAX_BATCH_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_BATCH_BYTES: usize = 256 * 1024;
 
 /// How many of `resources` go into the next batch round: at least one.
 fn batch_len<R: AsRef<[u8]>>(resources: &[R]) -> usize {
@@ -544,7 +555,7 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// A resource name is one to `MAX_RESOURCE` bytes. An empty name is refused: it is almost
 /// always an unset variable, and every such caller would contend for the same key.
 #[inline]
-fn check_resource(resource: &[u8]) -> Result<(), Error> {
+pub(crate) fn check_resource(resource: &[u8]) -> Result<(), Error> {
     if resource.is_empty() || resource.len() > MAX_RESOURCE {
         return Err(bad_resource(resource.len()));
     }
@@ -566,7 +577,7 @@ fn bad_resource(len: usize) -> Error {
 }
 
 /// The ttl in whole milliseconds, as `PX` takes it: 1 ms to [`MAX_TTL`].
-fn ttl_millis(ttl: Duration) -> Result<u64, Error> {
+pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64, Error> {
     // In u64: no u128 arithmetic on the hot path.
     let ms = ttl
         .as_secs()

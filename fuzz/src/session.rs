@@ -188,7 +188,10 @@ impl Model {
     }
 
     fn push(&mut self, e: Expect) {
-        if matches!(e.kind, Expected::Command(Phase::Acquire | Phase::Extend)) {
+        if matches!(
+            e.kind,
+            Expected::Command(Phase::Acquire | Phase::Extend) | Expected::FencedAcquire
+        ) {
             self.live_writes += 1;
         }
         self.owed.push_back(e);
@@ -196,7 +199,10 @@ impl Model {
 
     fn pop(&mut self) -> Expect {
         let e = self.owed.pop_front().expect("model: nothing owed to pop");
-        if matches!(e.kind, Expected::Command(Phase::Acquire | Phase::Extend)) {
+        if matches!(
+            e.kind,
+            Expected::Command(Phase::Acquire | Phase::Extend) | Expected::FencedAcquire
+        ) {
             self.live_writes -= 1;
         }
         e
@@ -266,6 +272,7 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits, now: Instant) -> 
         answer: Some(Answer {
             to,
             outcome: Outcome::Failed(error),
+            counter: None,
         }),
         used: 0,
         handshake: false,
@@ -319,6 +326,24 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits, now: Instant) -> 
                 _ => broken(NodeError::UnexpectedReply(""), None),
             };
         }
+        Expected::FencedAcquire => {
+            let (outcome, counter) = match reply {
+                Reply::Integer(n) if n >= 0 => (Outcome::Locked, Some(n as u64)),
+                Reply::Bulk(None) => (Outcome::Held, None),
+                Reply::Error(m) => (Outcome::Failed(NodeError::Server(lossy(m))), None),
+                _ => return broken(NodeError::UnexpectedReply(""), Some(expect)),
+            };
+            return Meaning {
+                answer: Some(Answer {
+                    to: Some(expect),
+                    outcome,
+                    counter,
+                }),
+                used,
+                handshake: false,
+                identity: None,
+            };
+        }
         Expected::Command(phase) => match (phase, reply) {
             (Phase::Extend | Phase::Release, Reply::Error(m)) if m.starts_with(b"NOSCRIPT") => {
                 Outcome::Failed(NodeError::NoScript)
@@ -336,6 +361,7 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits, now: Instant) -> 
         answer: Some(Answer {
             to: Some(expect),
             outcome,
+            counter: None,
         }),
         used,
         handshake: false,
@@ -720,7 +746,7 @@ impl Harness {
                 );
                 if matches!(
                     expect.kind,
-                    Expected::Command(Phase::Acquire | Phase::Extend)
+                    Expected::Command(Phase::Acquire | Phase::Extend) | Expected::FencedAcquire
                 ) {
                     self.m.live_writes += count;
                 }
@@ -767,7 +793,12 @@ impl Harness {
 
     fn enqueue(&mut self, inp: &mut Input<'_>) {
         let (k, c, d) = (inp.byte(), inp.byte(), inp.byte());
-        let kind = [Phase::Acquire, Phase::Extend, Phase::Release][usize::from(k % 3)];
+        let kind = [
+            Expected::Command(Phase::Acquire),
+            Expected::Command(Phase::Extend),
+            Expected::Command(Phase::Release),
+            Expected::FencedAcquire,
+        ][usize::from(k % 4)];
         // Bit 2: the same round again (a resend); bit 3: counted by no round
         // (fire-and-forget cleanup, tagged with the round in progress).
         if k & 4 == 0 || self.m.round == 0 {
@@ -799,7 +830,7 @@ impl Harness {
             round,
             counted,
             slot,
-            kind: Expected::Command(kind),
+            kind,
             sent_at: self.m.now,
         };
         self.send(expect, count, &bytes, usize::from(d));
@@ -931,6 +962,7 @@ impl Harness {
                     to: front
                         .filter(|e| (if e.counted { e.round } else { 0 }, e.slot) == (round, slot)),
                     outcome: Outcome::vote(phase, yes),
+                    counter: None,
                 });
                 assert!(
                     same(&got, &meaning.answer),
@@ -1013,6 +1045,7 @@ impl Harness {
                     Answer {
                         to: Some(expect),
                         outcome: Outcome::Failed(NodeError::NoScript),
+                        ..
                     },
                     true,
                 ) = (answer, resend)

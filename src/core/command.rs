@@ -13,6 +13,7 @@
 use super::script;
 use super::token::Token;
 use crate::error::Phase;
+use crate::resp::encode::{array, bulk, bulk_int, line};
 
 /// A command a frame carries: the operation, with what it needs beyond the key and token.
 ///
@@ -28,14 +29,16 @@ use crate::error::Phase;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Command {
+    // INVARIANT: phase is Acquire, Extend or Release (the constructors are the only way
+    // to make one); the fence write-back is a script over keys ([`eval_over`]).
     /// Which operation: `SET key token NX PX ttl_ms` (acquire), the compare-and-pexpire
     /// script (extend) or the compare-and-delete script (release).
-    pub phase: Phase,
+    phase: Phase,
     /// Time to live, in milliseconds (acquire, extend; 0 for a release).
-    pub ttl_ms: u64,
+    ttl_ms: u64,
     /// A script by SHA (`EVALSHA`) when true, with the script itself (`EVAL`) when false;
     /// ignored for acquire.
-    pub by_sha: bool,
+    by_sha: bool,
 }
 
 impl Command {
@@ -69,14 +72,22 @@ impl Command {
         }
     }
 
-    /// `phase`'s command; `ttl_ms` is dropped for a release.
+    /// `phase`'s command (`ttl_ms` is dropped for a release); `None` for the fence
+    /// write-back, which is a script over several keys ([`eval_over`]).
     #[inline]
-    pub const fn new(phase: Phase, ttl_ms: u64, by_sha: bool) -> Command {
+    pub const fn new(phase: Phase, ttl_ms: u64, by_sha: bool) -> Option<Command> {
         match phase {
-            Phase::Acquire => Command::acquire(ttl_ms),
-            Phase::Extend => Command::extend(ttl_ms, by_sha),
-            Phase::Release => Command::release(by_sha),
+            Phase::Acquire => Some(Command::acquire(ttl_ms)),
+            Phase::Extend => Some(Command::extend(ttl_ms, by_sha)),
+            Phase::Release => Some(Command::release(by_sha)),
+            _ => None,
         }
+    }
+
+    /// Its operation.
+    #[inline]
+    pub const fn phase(&self) -> Phase {
+        self.phase
     }
 }
 
@@ -204,6 +215,15 @@ impl Frame {
         self.len = end;
     }
 
+    /// Appends one command that `encode` appends to the buffer it is given (the rare
+    /// commands that are not one of [`Command`]'s: multi-key locks and fencing).
+    pub fn push_encoded(&mut self, encode: impl FnOnce(&mut Vec<u8>)) {
+        self.buf.truncate(self.len);
+        self.starts.push(self.len);
+        encode(&mut self.buf);
+        self.len = self.buf.len();
+    }
+
     /// All commands, back to back.
     #[inline]
     pub fn bytes(&self) -> &[u8] {
@@ -228,6 +248,82 @@ impl Frame {
     /// Bytes of memory held.
     pub fn capacity(&self) -> usize {
         self.buf.capacity() + self.starts.capacity() * std::mem::size_of::<usize>()
+    }
+}
+
+/// Where a resource's fence counter lives: this prefix, then the resource. The counter is
+/// permanent state on each node (no expiry): it only ever rises.
+pub const FENCE_PREFIX: &[u8] = b"quorumlock:fence:";
+
+/// Which keys a script over several resources names, in this order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyList {
+    /// The lock keys (the resources themselves).
+    Locks,
+    /// Their fence counters ([`FENCE_PREFIX`] + resource).
+    Fences,
+    /// The lock keys, then their fence counters.
+    Both,
+}
+
+/// One argument of a script, after its keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arg<'a> {
+    /// Bytes as they are (a token).
+    Bytes(&'a [u8]),
+    /// A number, in decimal (a ttl, a count, a fence).
+    Int(u64),
+}
+
+/// `EVAL script numkeys <keys> <args>`, appended to `out`: the commands of multi-resource
+/// locks and of fencing, which carry the script itself (they are opt-in and rare enough
+/// that `EVALSHA`'s saving is not worth a `NOSCRIPT` round trip, and no reply of theirs is
+/// ever left unread with a script missing).
+///
+/// # Example
+///
+/// ```
+/// use quorumlock::__private::core::command::{eval_over, Arg, KeyList};
+///
+/// let mut out = Vec::new();
+/// eval_over(&mut out, b"return 1", [&b"a"[..], b"b"].into_iter(), KeyList::Both, &[Arg::Int(7)]);
+/// assert_eq!(
+///     out,
+///     &b"*8\r\n$4\r\nEVAL\r\n$8\r\nreturn 1\r\n$1\r\n4\r\n$1\r\na\r\n$1\r\nb\r\n\
+///        $18\r\nquorumlock:fence:a\r\n$18\r\nquorumlock:fence:b\r\n$1\r\n7\r\n"[..]
+/// );
+/// ```
+pub fn eval_over<'k>(
+    out: &mut Vec<u8>,
+    script: &[u8],
+    keys: impl Iterator<Item = &'k [u8]> + Clone,
+    which: KeyList,
+    args: &[Arg<'_>],
+) {
+    let n = keys.clone().count();
+    let key_count = if which == KeyList::Both { 2 * n } else { n };
+    array(out, 3 + key_count + args.len());
+    bulk(out, b"EVAL");
+    bulk(out, script);
+    bulk_int(out, key_count as i64);
+    if which != KeyList::Fences {
+        for key in keys.clone() {
+            bulk(out, key);
+        }
+    }
+    if which != KeyList::Locks {
+        for key in keys {
+            line(out, b'$', (FENCE_PREFIX.len() + key.len()) as u64, false);
+            out.extend_from_slice(FENCE_PREFIX);
+            out.extend_from_slice(key);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    for arg in args {
+        match *arg {
+            Arg::Bytes(b) => bulk(out, b),
+            Arg::Int(v) => bulk_int(out, v.min(i64::MAX as u64) as i64),
+        }
     }
 }
 
@@ -323,22 +419,20 @@ impl Parts {
         let key_digits = digits(key.len() as u64);
         let (ttl, ttl_digits) = match cmd.phase {
             Phase::Acquire | Phase::Extend => (cmd.ttl_ms, digits(cmd.ttl_ms)),
-            Phase::Release => (0, 0),
+            _ => (0, 0),
         };
         // The same pieces `write` puts, in the same order.
         let head = match (cmd.phase, cmd.by_sha) {
             (Phase::Acquire, _) => SET_HEAD_KEY.len(),
-            (Phase::Release, true) => RELEASE_SHA_HEAD_KEY.len(),
             (Phase::Extend, true) => EXTEND_SHA_HEAD_KEY.len(),
-            (Phase::Extend | Phase::Release, false) => {
-                4 + script_len(false, script_of(cmd)) + ONE_KEY.len() + 1
-            }
+            (_, true) => RELEASE_SHA_HEAD_KEY.len(),
+            (_, false) => 4 + script_len(false, script_of(cmd)) + ONE_KEY.len() + 1,
         };
         let key_and_token = key_digits + 2 + key.len() + KEY_END_TOKEN_HEAD.len() + 32;
         let after_token = match cmd.phase {
             Phase::Acquire => TOKEN_END_NX_PX.len(),
             Phase::Extend => 3,
-            Phase::Release => 2,
+            _ => 2,
         };
         let ttl_part = if ttl_digits > 0 {
             digits(ttl_digits as u64) + 2 + ttl_digits + 2
@@ -362,14 +456,14 @@ impl Parts {
         // Everything up to the key's length is fixed for SET and for EVALSHA: one copy.
         match (self.cmd.phase, self.cmd.by_sha) {
             (Phase::Acquire, _) => w.put(SET_HEAD_KEY),
-            (Phase::Release, true) => w.put(&RELEASE_SHA_HEAD_KEY),
             (Phase::Extend, true) => w.put(&EXTEND_SHA_HEAD_KEY),
             (Phase::Extend, false) => {
                 w.put(b"*6\r\n");
                 w.script(false, script::EXTEND, script::EXTEND_SHA);
                 w.put(b"$");
             }
-            (Phase::Release, false) => w.put(&RELEASE_EVAL_HEAD_KEY),
+            (_, true) => w.put(&RELEASE_SHA_HEAD_KEY),
+            (_, false) => w.put(&RELEASE_EVAL_HEAD_KEY),
         }
         w.decimal(key.len() as u64, self.key_digits);
         w.put(b"\r\n");
@@ -379,7 +473,7 @@ impl Parts {
         match self.cmd.phase {
             Phase::Acquire => w.put(TOKEN_END_NX_PX),
             Phase::Extend => w.put(b"\r\n$"),
-            Phase::Release => w.put(b"\r\n"),
+            _ => w.put(b"\r\n"),
         }
         if self.ttl_digits > 0 {
             let n = self.ttl_digits as u64;
@@ -601,6 +695,7 @@ mod tests {
                         };
                         command(&mut want, &[name, script, b"1", &key, t])
                     }
+                    _ => unreachable!("no other command is made here"),
                 }
                 let index = frame.count();
                 frame.push(cmd, &key, &token);

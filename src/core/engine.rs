@@ -33,8 +33,9 @@
 //!   caller passes `start` in, and the transport is asked for the time only on cold paths
 //!   (a failure, a connection established).
 
-use super::command::{self, Command, Frame};
+use super::command::{self, Arg, Command, Frame, KeyList};
 use super::round::Round;
+use super::script;
 use super::session::{Answer, Expect, Expected, Login, Session, State};
 use super::token::Token;
 use crate::error::{NodeError, Outcome, Phase};
@@ -90,6 +91,61 @@ pub struct Request<'a> {
     /// ([`Engine::written`]). Such a node gets the release even while it lags, queued
     /// behind whatever it has not run yet.
     pub chase: u64,
+    /// All items in one command per node, decided as one slot (`lock_all`): every key or
+    /// none, with the first item's token.
+    pub atomic: bool,
+    /// What the round does with fence counters.
+    pub fencing: Fencing,
+}
+
+impl Request<'_> {
+    /// A round of `phase` on `items`, one command and one slot each, without fencing.
+    pub fn new<'a>(phase: Phase, ttl_ms: u64, items: &'a [Item<'a>], chase: u64) -> Request<'a> {
+        Request {
+            phase,
+            ttl_ms,
+            items,
+            chase,
+            atomic: false,
+            fencing: Fencing::Off,
+        }
+    }
+
+    /// How many commands (and slots) a node is sent.
+    #[inline]
+    pub fn commands(&self) -> usize {
+        if self.atomic { 1 } else { self.items.len() }
+    }
+
+    /// Whether the round goes as the plain commands of [`Command`] (the hot path), not
+    /// as scripts over keys.
+    #[inline]
+    fn plain(&self) -> bool {
+        !self.atomic && self.fencing == Fencing::Off && self.phase != Phase::Fence
+    }
+
+    /// What a node's reply to this round's command answers.
+    #[inline]
+    fn expected(&self) -> Expected {
+        if self.phase == Phase::Acquire && self.fencing == Fencing::Read {
+            Expected::FencedAcquire
+        } else {
+            Expected::Command(self.phase)
+        }
+    }
+}
+
+/// What a round does with the items' fence counters (`quorumlock:fence:<resource>` on
+/// each node, see [`command::FENCE_PREFIX`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fencing {
+    /// Nothing.
+    Off,
+    /// An acquire also reads them: each yes answers its node's largest counter, and
+    /// [`Round::counter`] is the largest among the yes votes counted.
+    Read,
+    /// The fence write-back ([`Phase::Fence`]): raise them to this value.
+    Write(u64),
 }
 
 /// The round in progress, while events are dispatched.
@@ -382,20 +438,23 @@ impl Engine {
             self.refresh_watch(start);
         }
         self.write_until = match req.phase {
-            Phase::Release => None,
             Phase::Acquire | Phase::Extend => start.checked_add(Duration::from_millis(req.ttl_ms)),
+            _ => None,
         };
-        active
-            .round
-            .begin(req.phase, self.sessions.len(), req.items.len());
+        let commands = req.commands();
+        active.round.begin(req.phase, self.sessions.len(), commands);
         let frame = &mut self.frames[(self.round_id & 1) as usize];
         frame.clear();
-        // An unlock returns at a majority and may never read the other replies, so a
-        // `NOSCRIPT` there would go unanswered and leave the key: releases carry the
-        // script itself. Extends use its digest once a connection has shown it cached.
-        let cmd = Command::new(req.phase, req.ttl_ms, req.phase != Phase::Release);
-        for item in req.items {
-            frame.push(cmd, item.key, &item.token);
+        match Command::new(req.phase, req.ttl_ms, req.phase != Phase::Release) {
+            // An unlock returns at a majority and may never read the other replies, so a
+            // `NOSCRIPT` there would go unanswered and leave the key: releases carry the
+            // script itself. Extends use its digest once a connection has shown it cached.
+            Some(cmd) if req.plain() => {
+                for item in req.items {
+                    frame.push(cmd, item.key, &item.token);
+                }
+            }
+            _ => encode_scripts(frame, req),
         }
         // `start − node_timeout`, computed only if some node owes replies.
         let mut lag_cutoff: Option<Option<Instant>> = None;
@@ -403,7 +462,7 @@ impl Engine {
             round: self.round_id,
             counted: true,
             slot: 0,
-            kind: Expected::Command(req.phase),
+            kind: req.expected(),
             sent_at: start,
         };
         for node in 0..self.sessions.len() {
@@ -420,7 +479,7 @@ impl Engine {
                 s.sent = true;
                 s.note_write(self.write_until);
                 let bytes = self.frames[(self.round_id & 1) as usize].bytes();
-                if let Err(e) = Self::send(t, s, node, bytes, expect, req.items.len()) {
+                if let Err(e) = Self::send(t, s, node, bytes, expect, commands) {
                     self.fail_conn(t, node, e, Some(active));
                 }
             } else {
@@ -499,7 +558,7 @@ impl Engine {
             round: self.round_id,
             counted: true,
             slot: 0,
-            kind: Expected::Command(active.req.phase),
+            kind: active.req.expected(),
             sent_at: now,
         };
         let bytes = command_for(
@@ -508,7 +567,7 @@ impl Engine {
             active.req,
             s.extend_script_known,
         );
-        if let Err(e) = Self::send(t, s, node, bytes, expect, active.req.items.len()) {
+        if let Err(e) = Self::send(t, s, node, bytes, expect, active.req.commands()) {
             self.fail_conn(t, node, e, Some(active));
         }
     }
@@ -748,6 +807,7 @@ impl Engine {
             Answer {
                 to,
                 outcome: Outcome::Failed(error),
+                ..
             } if error.breaks_stream() => {
                 if let Some(expect) = to {
                     if let Some(a) = active.as_deref_mut().filter(|_| current(&expect)) {
@@ -761,6 +821,7 @@ impl Engine {
             Answer {
                 to: Some(expect),
                 outcome: Outcome::Failed(NodeError::NoScript),
+                ..
             } => {
                 let slot = expect.slot as usize;
                 self.extra.clear();
@@ -771,7 +832,13 @@ impl Engine {
                         let Some(item) = a.req.items.get(slot) else {
                             return true;
                         };
-                        let cmd = Command::new(a.req.phase, a.req.ttl_ms, false);
+                        // Scripts over keys go as EVAL already: a NOSCRIPT to one is a
+                        // server's confusion.
+                        let Some(cmd) = Command::new(a.req.phase, a.req.ttl_ms, false)
+                            .filter(|_| a.req.plain())
+                        else {
+                            return true;
+                        };
                         command::encode(&mut self.extra, cmd, item.key, &item.token);
                     }
                     // The round was decided before this node answered NOSCRIPT; it still
@@ -800,7 +867,11 @@ impl Engine {
             }
             // A vote (yes, no, or refused by the server), or a NOSCRIPT to a command no
             // one asked for, which `next_answer` never returns.
-            Answer { to, outcome } => {
+            Answer {
+                to,
+                outcome,
+                counter,
+            } => {
                 if let Some(expect) = to {
                     if let Some(a) = active.filter(|_| current(&expect)) {
                         let slot = expect.slot as usize;
@@ -809,7 +880,14 @@ impl Engine {
                         } else {
                             outcome
                         };
-                        a.round.record(node, slot, outcome);
+                        // Only a counted yes reads a counter: a node whose yes does not
+                        // count (an alias, a young node) may hold a stale or empty one,
+                        // which could only lower the maximum anyway.
+                        if a.round.record(node, slot, outcome) {
+                            if let Some(counter) = counter {
+                                a.round.raise_counter(slot, counter);
+                            }
+                        }
                     }
                 }
             }
@@ -846,7 +924,7 @@ impl Engine {
                     round: self.round_id,
                     counted: true,
                     slot: 0,
-                    kind: Expected::Command(active.req.phase),
+                    kind: active.req.expected(),
                     sent_at: now,
                 };
                 let bytes = command_for(
@@ -855,7 +933,7 @@ impl Engine {
                     active.req,
                     s.extend_script_known,
                 );
-                if Self::send(t, s, node, bytes, expect, active.req.items.len()).is_ok() {
+                if Self::send(t, s, node, bytes, expect, active.req.commands()).is_ok() {
                     s.sent = true;
                     s.note_write(self.write_until);
                     return;
@@ -968,13 +1046,58 @@ fn command_for<'a>(
     req: &Request<'_>,
     extend_script_known: bool,
 ) -> &'a [u8] {
-    if req.phase != Phase::Extend || extend_script_known {
-        return frame.bytes();
-    }
+    // Scripts over keys always go as EVAL.
+    let cmd = match Command::new(req.phase, req.ttl_ms, false) {
+        Some(cmd) if req.plain() && req.phase == Phase::Extend && !extend_script_known => cmd,
+        _ => return frame.bytes(),
+    };
     extra.clear();
-    let cmd = Command::new(req.phase, req.ttl_ms, false);
     for item in req.items {
         command::encode(extra, cmd, item.key, &item.token);
     }
     extra
+}
+
+/// The round's commands as scripts over keys (`EVAL`, see [`command::eval_over`]): for an
+/// atomic round one command over every item, with the first item's token; otherwise one
+/// per item.
+#[cold]
+fn encode_scripts(frame: &mut Frame, req: &Request<'_>) {
+    let groups = if req.atomic {
+        req.items.chunks(req.items.len().max(1))
+    } else {
+        req.items.chunks(1)
+    };
+    for group in groups {
+        let Some(first) = group.first() else {
+            continue;
+        };
+        let keys = group.iter().map(|item| item.key);
+        let token = Arg::Bytes(first.token.as_bytes());
+        let ttl = Arg::Int(req.ttl_ms);
+        frame.push_encoded(|out| match (req.phase, req.fencing) {
+            (Phase::Acquire, fencing) => {
+                let which = if fencing == Fencing::Read {
+                    KeyList::Both
+                } else {
+                    KeyList::Locks
+                };
+                let n = Arg::Int(group.len() as u64);
+                command::eval_over(out, script::ACQUIRE, keys, which, &[token, ttl, n]);
+            }
+            (Phase::Extend, _) => {
+                command::eval_over(out, script::EXTEND_ALL, keys, KeyList::Locks, &[token, ttl]);
+            }
+            (Phase::Fence, Fencing::Write(fence)) => {
+                let fence = Arg::Int(fence);
+                command::eval_over(out, script::FENCE, keys, KeyList::Fences, &[fence]);
+            }
+            // A release, or a write-back without a value (which raises nothing: the
+            // counters are only read, by a script that changes nothing).
+            (Phase::Fence, _) => {
+                command::eval_over(out, script::FENCE, keys, KeyList::Fences, &[Arg::Int(0)]);
+            }
+            _ => command::eval_over(out, script::RELEASE_ALL, keys, KeyList::Locks, &[token]),
+        });
+    }
 }

@@ -148,6 +148,8 @@ struct Slot {
     tally: Tally,
     decision: Decision,
     decided_at: Option<Instant>,
+    /// The largest fence counter among the counted yes votes (a fenced acquire).
+    counter: Option<u64>,
 }
 
 /// The votes of one round. Reused from round to round without reallocating.
@@ -212,6 +214,7 @@ impl Round {
             },
             decision: Decision::Open,
             decided_at: None,
+            counter: None,
         };
         // Same shape as the last round (the common case): overwrite in place.
         if self.slots.len() == slots && self.votes.len() == slots * nodes {
@@ -304,22 +307,23 @@ impl Round {
         (0..self.nodes).map(move |node| self.vote(node, slot).unwrap_or(Outcome::NotNeeded))
     }
 
-    /// Records `node`'s vote for `slot`. A second vote for the same pair is ignored.
+    /// Records `node`'s vote for `slot`; true when it was a yes, counted. A second vote
+    /// for the same pair is ignored.
     #[inline]
-    pub fn record(&mut self, node: usize, slot: usize, outcome: Outcome) {
+    pub fn record(&mut self, node: usize, slot: usize, outcome: Outcome) -> bool {
         let cast = match outcome {
-            Outcome::Locked | Outcome::Released => Vote::Yes,
+            Outcome::Locked | Outcome::Released | Outcome::Fenced => Vote::Yes,
             Outcome::Held | Outcome::NotHeld => Vote::No,
             Outcome::NoReply | Outcome::Failed(_) => Vote::Failed,
             // Not a vote: what a pending one reads as once its slot is decided.
-            Outcome::NotNeeded => return,
+            Outcome::NotNeeded => return false,
         };
         let index = slot * self.nodes + node;
         let Some(vote) = self.votes.get_mut(index) else {
-            return;
+            return false;
         };
         if *vote != Vote::Pending || node >= self.nodes {
-            return;
+            return false;
         }
         let t = &mut self.slots[slot].tally;
         t.pending -= 1;
@@ -333,6 +337,21 @@ impl Round {
             }
         }
         self.decide(slot);
+        cast == Vote::Yes
+    }
+
+    /// Notes a fence counter read with a counted yes for `slot`: [`Round::counter`] is
+    /// the largest.
+    pub fn raise_counter(&mut self, slot: usize, counter: u64) {
+        if let Some(s) = self.slots.get_mut(slot) {
+            s.counter = Some(s.counter.map_or(counter, |c| c.max(counter)));
+        }
+    }
+
+    /// The largest fence counter read with a counted yes for `slot` (a fenced acquire);
+    /// `None` when no yes carried one.
+    pub fn counter(&self, slot: usize) -> Option<u64> {
+        self.slots.get(slot).and_then(|s| s.counter)
     }
 
     /// Records a yes or no vote: the hot-path form of [`Round::record`].

@@ -67,6 +67,9 @@ pub enum Expected {
     Handshake(Handshake),
     /// A lock command.
     Command(Phase),
+    /// An acquire that also reads the fence counters of its keys (`script::ACQUIRE`
+    /// with counter keys): its yes is the largest counter, an integer, instead of `+OK`.
+    FencedAcquire,
 }
 
 /// What a handshake command must answer with.
@@ -178,6 +181,9 @@ pub struct Answer {
     /// as `EVAL`. Anything else is the node's vote for `to`'s round and slot (which may
     /// be over: the caller drops it then).
     pub outcome: Outcome,
+    /// With the yes to a fenced acquire: the largest fence counter the node holds for
+    /// the keys.
+    pub counter: Option<u64>,
 }
 
 impl Answer {
@@ -185,6 +191,7 @@ impl Answer {
         Answer {
             to,
             outcome: Outcome::Failed(error),
+            counter: None,
         }
     }
 }
@@ -558,6 +565,27 @@ impl Session {
                     return Some(Answer::broken(None, error));
                 }
                 Expected::Command(phase) => phase,
+                Expected::FencedAcquire => {
+                    let (outcome, counter) = match reply {
+                        Reply::Integer(n) if n >= 0 => (Outcome::Locked, Some(n as u64)),
+                        // `+OK` is the unfenced answer: not this command's.
+                        Reply::Simple(_) | Reply::Integer(_) => (
+                            Outcome::Failed(NodeError::UnexpectedReply(
+                                "a fenced acquire answered with neither a counter nor nil",
+                            )),
+                            None,
+                        ),
+                        _ => (interpret(Phase::Acquire, &reply), None),
+                    };
+                    if !matches!(&outcome, Outcome::Failed(e) if e.breaks_stream()) {
+                        self.consume(used);
+                    }
+                    return Some(Answer {
+                        to: Some(expect),
+                        outcome,
+                        counter,
+                    });
+                }
             };
             let outcome = interpret(phase, &reply);
             match &outcome {
@@ -572,6 +600,7 @@ impl Session {
             return Some(Answer {
                 to: Some(expect),
                 outcome,
+                counter: None,
             });
         }
     }
@@ -662,10 +691,12 @@ impl Session {
     /// delete, sent on another connection, in any order.
     pub fn holds_live_write(&self, now: Instant) -> bool {
         self.owed_until.is_some_and(|u| now < u)
-            && self
-                .pending
-                .iter()
-                .any(|e| matches!(e.kind, Expected::Command(Phase::Acquire | Phase::Extend)))
+            && self.pending.iter().any(|e| {
+                matches!(
+                    e.kind,
+                    Expected::Command(Phase::Acquire | Phase::Extend) | Expected::FencedAcquire
+                )
+            })
     }
 
     /// The connection is gone: everything queued on it is dropped; a new one is opened
@@ -921,6 +952,7 @@ mod tests {
             Some(Answer {
                 to: None,
                 outcome: Outcome::Failed(NodeError::UnexpectedReply("a reply nobody asked for")),
+                counter: None,
             })
         );
     }
@@ -935,7 +967,7 @@ mod tests {
         feed(&mut s, b"HTTP/1.1 400 Bad Request\r\n");
         assert!(matches!(
             s.next_answer(&limits, base()),
-            Some(Answer { to: None, outcome: Outcome::Failed(NodeError::NotRedis(ref shown)) })
+            Some(Answer { to: None, outcome: Outcome::Failed(NodeError::NotRedis(ref shown)), .. })
                 if shown.starts_with("HTTP/1.1 400")
         ));
         let mut s = Session::new(
@@ -950,7 +982,7 @@ mod tests {
         feed(&mut s, b"-WRONGPASS invalid username-password pair\r\n");
         assert!(matches!(
             s.next_answer(&limits, base()),
-            Some(Answer { to: None, outcome: Outcome::Failed(NodeError::Handshake(ref m)) })
+            Some(Answer { to: None, outcome: Outcome::Failed(NodeError::Handshake(ref m)), .. })
                 if m.starts_with("WRONGPASS")
         ));
         // An incomplete reply is no answer yet.

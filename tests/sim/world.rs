@@ -497,12 +497,7 @@ impl Client {
             ..
         } = self;
         if matches!(stage, Stage::Round { .. }) && !round.is_done() {
-            let req = Request {
-                phase: *phase,
-                ttl_ms: *ttl_ms,
-                items: &items[..],
-                chase: *chase,
-            };
+            let req = Request::new(*phase, *ttl_ms, &items[..], *chase);
             let mut active = Active { round, req: &req };
             engine.on_event(transport, node, readable, closed, Some(&mut active));
         } else {
@@ -530,12 +525,7 @@ impl Client {
             ttl_ms,
             ..
         } = self;
-        let req = Request {
-            phase,
-            ttl_ms: *ttl_ms,
-            items: &items[..],
-            chase,
-        };
+        let req = Request::new(phase, *ttl_ms, &items[..], chase);
         let mut active = Active { round, req: &req };
         engine.begin(transport, &mut active, start);
         let local_end = transport.local_of(start) + node_timeout.as_nanos() as SimTime;
