@@ -556,7 +556,10 @@ impl Builder {
     /// also needs a ttl of at least 4 × `node_timeout`, so that no acquire round can
     /// span another lock's write-back; shorter ttls are refused. What the fence does
     /// not do: stop a late write by itself. The storage that the lock protects must keep
-    /// the largest fence it has accepted and refuse a write with a smaller one.
+    /// the largest fence it has accepted, atomically with each operation, and refuse an
+    /// operation that carries a smaller one: a write, and a read that a write will
+    /// depend on (read-modify-write), or a stale holder's write could land between a
+    /// newer holder's read and write.
     ///
     /// # Example
     ///

@@ -114,9 +114,10 @@ impl Lock {
     /// The fence: `Some` on every lock taken with fencing on
     /// ([`Builder::fencing`](crate::Builder::fencing)), `None` otherwise. It is strictly
     /// larger than the fence of every lock on the same resource granted before this one,
-    /// so a storage that remembers the largest fence it has accepted, and refuses a write
-    /// that carries a smaller one, turns away a holder that kept writing after its lock
-    /// expired (paused by GC, swapped out, partitioned). See the README, "Fencing".
+    /// so a storage that remembers the largest fence it has accepted, and refuses an
+    /// operation (a write, and a read a write depends on) that carries a smaller one,
+    /// turns away a holder that kept working after its lock expired (paused by GC,
+    /// swapped out, partitioned). See [`Builder::fencing`](crate::Builder::fencing).
     ///
     /// # Example
     ///
