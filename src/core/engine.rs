@@ -149,7 +149,8 @@ pub struct Engine {
     /// behind it, is what removes it).
     write_until: Option<Instant>,
     /// Hashes of the keys of the last lost attempt ([`Engine::release_lost`]): an acquire
-    /// of one of them is held back from a node until that node has answered its deletes.
+    /// of one of them waits for that attempt's deletes before it writes (see the module's
+    /// invariants).
     lost_keys: Vec<u64>,
     /// How many nodes hold the current round's command back ([`Session::held`]).
     held: usize,
@@ -683,7 +684,7 @@ impl Engine {
             let waiting = self
                 .sessions
                 .iter()
-                .any(|s| s.held && s.deletes_owed != 0 && s.state == State::Ready);
+                .any(|s| s.held && s.deletes_owed != 0 && s.state != State::Down);
             if waiting && now.is_none_or(|now| now < until) {
                 return;
             }
@@ -692,12 +693,13 @@ impl Engine {
         let mut sent_at = now;
         for node in 0..self.sessions.len() {
             let s = &mut self.sessions[node];
-            if !s.held || (s.deletes_owed != 0 && s.state == State::Ready) {
+            if !s.held || (s.deletes_owed != 0 && s.state != State::Down) {
                 continue;
             }
             s.held = false;
             self.held -= 1;
-            if s.state != State::Ready {
+            // Connecting: queued behind the handshake, as `start_node` would have.
+            if s.state == State::Down {
                 let why = s.down_error();
                 active.round.fail_node(node, &why);
                 continue;
