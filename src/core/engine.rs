@@ -148,8 +148,8 @@ pub struct Engine {
     /// on thawing sets the key for a whole ttl from then: the unlock's delete, queued
     /// behind it, is what removes it).
     write_until: Option<Instant>,
-    /// Hashes of the keys of the last lost attempt ([`Engine::release_lost`]): an acquire
-    /// of one of them waits for that attempt's deletes before it writes (see the module's
+    /// Hashes of the keys of the last lost attempt ([`Engine::release_lost`]), sorted (a
+    /// batch may lose many): an acquire of one of them waits for that attempt's deletes before it writes (see the module's
     /// invariants).
     lost_keys: Vec<u64>,
     /// How many nodes hold the current round's command back ([`Session::held`]).
@@ -367,7 +367,7 @@ impl Engine {
             && req
                 .items
                 .iter()
-                .any(|item| self.lost_keys.contains(&key_hash(item.key)))
+                .any(|item| self.lost_keys.binary_search(&key_hash(item.key)).is_ok())
     }
 
     /// While the current round holds its writes back for the last lost attempt's
@@ -896,6 +896,7 @@ impl Engine {
                 &item.token,
             );
         }
+        self.lost_keys.sort_unstable();
         let now = t.now();
         for node in 0..self.sessions.len() {
             if !self.sessions[node].sent {
