@@ -116,8 +116,11 @@ impl Redlock {
     }
 
     /// One attempt to acquire `resource` for `ttl`, no retries. On failure, what the
-    /// attempt may have set is released (compare-and-delete on every node it reached)
-    /// before returning.
+    /// attempt may have set is released (compare-and-delete on every node it reached):
+    /// the deletes are written before returning, not waited for. The client's next
+    /// attempt on the same resource waits for their replies before it writes (at most
+    /// `node_timeout / 8`), so that a caller retrying at once does not take back the keys
+    /// it has just freed before other clients can take them.
     pub fn try_lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         self.attempt(resource.as_ref(), ttl, 1)
     }

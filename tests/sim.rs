@@ -85,7 +85,7 @@ fn report(what: &str, s: &Stats, secs: f64) {
     eprintln!(
         "sim {what}: {} scenarios in {secs:.2} s ({:.0}/s), {} steps; {} attempts, {} locks \
          granted, {} contended (taken), {} unavailable, {} won too late, {} extends ({} \
-         failed), {} unlocks, {} abandoned to expire, {} round timeouts; faults: {} total = {} freezes, {} resets, \
+         failed), {} unlocks, {} abandoned to expire, {} round timeouts, {} acquires held for deletes; faults: {} total = {} freezes, {} resets, \
          {} restarts, {} unsafe restarts, {} slow links, {} reply spikes, {} partial writes, \
          {} split reads; releases owed: {} sent, {} excused by a broken connection; max \
          buffer growth {} B; overlaps {} (first at seed {:?}); yes votes held by the restart \
@@ -103,6 +103,7 @@ fn report(what: &str, s: &Stats, secs: f64) {
         s.unlocks,
         s.abandoned,
         s.round_timeouts,
+        s.held_acquires,
         s.faults(),
         s.freezes,
         s.resets,
@@ -156,6 +157,7 @@ fn scenarios() {
     floor("split reads", s.split_reads, 8000);
     floor("reply spikes", s.spikes, 500);
     floor("round timeouts", s.round_timeouts, 80);
+    floor("acquires held for deletes", s.held_acquires, 300);
     floor("releases seen sent", s.releases_sent, 30_000);
 }
 

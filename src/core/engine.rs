@@ -22,6 +22,14 @@
 //!   it has been seen to lag. The one thing queued to it is an unlock's compare-and-delete
 //!   for a lock whose SET or extend was written there: it runs right after the stale
 //!   write when the node wakes.
+//! - After a lost attempt, its compare-and-delete is written and not waited for (the
+//!   call that lost has returned). An acquire of the same key that follows while some
+//!   node still owes that delete's reply writes nothing until every such node has
+//!   answered, or until `node_timeout / HOLD_DIVISOR` from its start, when it writes to
+//!   the nodes that have; a node still behind then gets the SET once it answers, within
+//!   the round. Otherwise a loser that goes straight back would have the node run its
+//!   delete and its next SET back to back and retake the key before another client's
+//!   SET could. A node not written casts no vote; the round's time bound is unchanged.
 //! - A connection found closed during a round (server timeout, `CLIENT KILL`, restart)
 //!   is reopened and the command resent once, within the round.
 //! - A node lagging for `max(20 × node_timeout, 1 s)` has its connection reset (and a
@@ -205,6 +213,15 @@ pub struct Engine {
     /// that reaches the same server as another, and with a restart guard, one not yet
     /// known to have been up for it. Empty in steady state: the hot path pays one test.
     watch: u64,
+    /// Hashes of the keys of the last lost attempt ([`Engine::release_lost`]), sorted (a
+    /// batch may lose many): an acquire of one of them waits for that attempt's deletes before it writes (see the module's
+    /// invariants).
+    lost_keys: Vec<u64>,
+    /// How many nodes hold the current round's command back ([`Session::held`]).
+    held: usize,
+    /// While the current round writes nothing yet, waiting for the deletes of the last
+    /// lost attempt: when it stops waiting for the stragglers.
+    hold_until: Option<Instant>,
 }
 
 impl Engine {
@@ -226,6 +243,9 @@ impl Engine {
             write_until: None,
             round_start: None,
             watch: 0,
+            lost_keys: Vec::with_capacity(4),
+            held: 0,
+            hold_until: None,
         }
         .watching(now)
     }
@@ -458,6 +478,12 @@ impl Engine {
         }
         // `start − node_timeout`, computed only if some node owes replies.
         let mut lag_cutoff: Option<Option<Instant>> = None;
+        self.held = 0;
+        self.hold_until = None;
+        let hold = !self.lost_keys.is_empty() && self.holds_back(req);
+        if hold {
+            self.hold_until = start.checked_add(self.timing.node_timeout / HOLD_DIVISOR);
+        }
         let expect = Expect {
             round: self.round_id,
             counted: true,
@@ -474,7 +500,8 @@ impl Engine {
                 s.is_lagging(cutoff) || s.rounds_behind(self.round_id) > MAX_ROUNDS_BEHIND
             });
             let frame_ok = req.phase != Phase::Extend || s.extend_script_known;
-            if s.state == State::Ready && !s.suspect && !lagging && frame_ok {
+            s.held = false;
+            if s.state == State::Ready && !s.suspect && !lagging && frame_ok && !hold {
                 s.may_resend = true;
                 s.sent = true;
                 s.note_write(self.write_until);
@@ -484,13 +511,50 @@ impl Engine {
                 }
             } else {
                 let cutoff = start.checked_sub(self.timing.node_timeout);
-                self.start_node(t, node, active, start, cutoff);
+                self.start_node(t, node, active, start, cutoff, hold);
             }
+        }
+        if self.held != 0 {
+            // Nothing to wait for if no node that takes part owes a delete.
+            self.send_held(t, Some(active), None);
         }
     }
 
-    /// Sends the round's command to a node that is not simply ready, or records why it
-    /// cannot take part.
+    /// Whether `req` is an acquire of a key of the last lost attempt while some node still
+    /// owes that attempt's delete; forgets the lost keys once no node owes one.
+    #[cold]
+    fn holds_back(&mut self, req: &Request<'_>) -> bool {
+        if !self.sessions.iter().any(|s| s.deletes_owed != 0) {
+            self.lost_keys.clear();
+            return false;
+        }
+        req.phase == Phase::Acquire
+            && req
+                .items
+                .iter()
+                .any(|item| self.lost_keys.binary_search(&key_hash(item.key)).is_ok())
+    }
+
+    /// While the current round holds its writes back for the last lost attempt's
+    /// deletes: when the caller should call [`Engine::release_held`] if no reply has
+    /// ended the wait by then.
+    #[inline]
+    pub fn hold_until(&self) -> Option<Instant> {
+        self.hold_until
+    }
+
+    /// At `now`, past [`Engine::hold_until`]: stops waiting for the deletes that are not
+    /// answered yet. The round's command goes to every node that has answered its deletes
+    /// (or owed none); a node still owing one gets it once it answers, within the round.
+    pub fn release_held<T: Transport>(&mut self, t: &mut T, active: &mut Active<'_>, now: Instant) {
+        if self.hold_until.is_some_and(|until| now >= until) {
+            self.send_held(t, Some(active), Some(now));
+        }
+    }
+
+    /// Sends the round's command to a node that is not simply ready, holds it back
+    /// (`hold`: an acquire of a key of the last lost attempt, whose deletes some node
+    /// still owes), or records why the node cannot take part.
     #[cold]
     fn start_node<T: Transport>(
         &mut self,
@@ -499,6 +563,7 @@ impl Engine {
         active: &mut Active<'_>,
         now: Instant,
         lag_cutoff: Option<Instant>,
+        hold: bool,
     ) {
         self.sessions[node].may_resend = false;
         self.sessions[node].sent = false;
@@ -551,6 +616,15 @@ impl Engine {
             return;
         }
         let s = &mut self.sessions[node];
+        if hold {
+            // Written once the deletes are answered (`send_held`): were the SET right
+            // behind its delete, the node would run the two back to back and the key we
+            // just freed there would be ours again before any other client's SET could
+            // take it. Not a vote until then; the round's time bound stands.
+            s.held = true;
+            self.held += 1;
+            return;
+        }
         s.may_resend = true;
         s.sent = true;
         s.note_write(self.write_until);
@@ -725,6 +799,8 @@ impl Engine {
     ) {
         if self.take_votes(node, active.as_deref_mut()) {
             self.dispatch(t, node, active);
+        } else if self.held != 0 {
+            self.send_held(t, active, None);
         }
     }
 
@@ -739,13 +815,75 @@ impl Engine {
         loop {
             let s = &self.sessions[node];
             if s.state != State::Ready || !s.has_input() {
-                return;
+                break;
             }
             if !self.take_votes(node, active.as_deref_mut()) {
-                return;
+                break;
             }
             if !self.dispatch_one(t, node, active.as_deref_mut()) {
+                break;
+            }
+        }
+        if self.held != 0 {
+            self.send_held(t, active, None);
+        }
+    }
+
+    /// Writes the current round's command to the nodes that held it back, once every
+    /// node that owes a delete has answered it (or at `now`, past [`Engine::hold_until`]:
+    /// to those that have; the others get it as they answer). A node whose connection
+    /// broke meanwhile fails. Only within the round: once it is decided, a held node is
+    /// sent nothing, and never counts a vote.
+    #[cold]
+    fn send_held<T: Transport>(
+        &mut self,
+        t: &mut T,
+        active: Option<&mut Active<'_>>,
+        now: Option<Instant>,
+    ) {
+        let Some(active) = active else {
+            return;
+        };
+        if active.round.is_done() {
+            return;
+        }
+        if let Some(until) = self.hold_until {
+            let waiting = self
+                .sessions
+                .iter()
+                .any(|s| s.held && s.deletes_owed != 0 && s.state != State::Down);
+            if waiting && now.is_none_or(|now| now < until) {
                 return;
+            }
+            self.hold_until = None;
+        }
+        let mut sent_at = now;
+        for node in 0..self.sessions.len() {
+            let s = &mut self.sessions[node];
+            if !s.held || (s.deletes_owed != 0 && s.state != State::Down) {
+                continue;
+            }
+            s.held = false;
+            self.held -= 1;
+            // Connecting: queued behind the handshake, as `start_node` would have.
+            if s.state == State::Down {
+                let why = s.down_error();
+                active.round.fail_node(node, &why);
+                continue;
+            }
+            s.may_resend = true;
+            s.sent = true;
+            s.note_write(self.write_until);
+            let expect = Expect {
+                round: self.round_id,
+                counted: true,
+                slot: 0,
+                kind: active.req.expected(),
+                sent_at: *sent_at.get_or_insert_with(|| t.now()),
+            };
+            let bytes = self.frames[(self.round_id & 1) as usize].bytes();
+            if let Err(e) = Self::send(t, s, node, bytes, expect, active.req.commands()) {
+                self.fail_conn(t, node, e, Some(active));
             }
         }
     }
@@ -913,6 +1051,9 @@ impl Engine {
         let stale = matches!(error, NodeError::Closed | NodeError::Io(..));
         let resend = std::mem::take(&mut self.sessions[node].may_resend) && stale;
         self.drop_conn(t, node, error.clone(), now);
+        if std::mem::take(&mut self.sessions[node].held) {
+            self.held -= 1;
+        }
         let Some(active) = active else {
             return;
         };
@@ -955,8 +1096,10 @@ impl Engine {
             return;
         }
         self.extra.clear();
+        self.lost_keys.clear();
         for &slot in lost {
             let item = &items[slot];
+            self.lost_keys.push(key_hash(item.key));
             command::encode(
                 &mut self.extra,
                 Command::release(false),
@@ -964,6 +1107,7 @@ impl Engine {
                 &item.token,
             );
         }
+        self.lost_keys.sort_unstable();
         let now = t.now();
         for node in 0..self.sessions.len() {
             if !self.sessions[node].sent {
@@ -1023,6 +1167,11 @@ impl Engine {
 /// until it catches up. Counted in rounds, not replies, so a batch round of a thousand
 /// commands is one round behind, not a thousand.
 pub const MAX_ROUNDS_BEHIND: u64 = 64;
+
+/// An acquire held back for the last lost attempt's deletes waits for the stragglers at
+/// most `node_timeout / HOLD_DIVISOR` from its start; the rest of the round's time is for
+/// the votes.
+pub const HOLD_DIVISOR: u32 = 8;
 
 /// A node's bit in a mask of nodes: nodes from 63 on share the last bit, so a mask is
 /// exact for up to 63 nodes and errs on the side of including a node beyond.
@@ -1092,12 +1241,300 @@ fn encode_scripts(frame: &mut Frame, req: &Request<'_>) {
                 let fence = Arg::Int(fence);
                 command::eval_over(out, script::FENCE, keys, KeyList::Fences, &[fence]);
             }
-            // A release, or a write-back without a value (which raises nothing: the
-            // counters are only read, by a script that changes nothing).
+            // A write-back is always given its value; without one, 0 raises nothing.
             (Phase::Fence, _) => {
                 command::eval_over(out, script::FENCE, keys, KeyList::Fences, &[Arg::Int(0)]);
             }
             _ => command::eval_over(out, script::RELEASE_ALL, keys, KeyList::Locks, &[token]),
         });
+    }
+}
+
+/// FNV-1a: a collision only holds a SET back for a round trip.
+fn key_hash(key: &[u8]) -> u64 {
+    key.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one clock reading of these tests: every other instant is built from it.
+    fn base() -> Instant {
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *BASE.get_or_init(Instant::now)
+    }
+
+    const NODES: usize = 5;
+
+    /// Connections that always take what is written and hand out what a test feeds.
+    struct Pipes {
+        now: Instant,
+        written: Vec<Vec<u8>>,
+        replies: Vec<Vec<u8>>,
+    }
+
+    impl Transport for Pipes {
+        fn now(&mut self) -> Instant {
+            self.now
+        }
+        fn open(&mut self, _: usize) -> Result<(), NodeError> {
+            Ok(())
+        }
+        fn close(&mut self, _: usize) {}
+        fn established(&mut self, _: usize) -> Result<bool, NodeError> {
+            Ok(true)
+        }
+        fn write(&mut self, node: usize, bytes: &[u8]) -> Result<usize, NodeError> {
+            self.written[node].extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn read(&mut self, node: usize, buf: &mut [u8]) -> Result<Received, NodeError> {
+            let r = &mut self.replies[node];
+            if r.is_empty() {
+                return Ok(Received::Nothing);
+            }
+            let n = r.len().min(buf.len());
+            buf[..n].copy_from_slice(&r[..n]);
+            r.drain(..n);
+            Ok(Received::Bytes(n))
+        }
+    }
+
+    const TIMEOUT: Duration = Duration::from_millis(40);
+    const KEY: &[u8] = b"k";
+
+    /// An engine whose five connections have answered their handshake.
+    fn ready() -> (Engine, Pipes) {
+        let t0 = base();
+        let timing = Timing {
+            node_timeout: TIMEOUT,
+            connect_timeout: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(1),
+            limits: Limits::default(),
+            restart_guard: Duration::ZERO,
+        };
+        let mut e = Engine::new(vec![Login::default(); NODES], timing, t0);
+        let mut t = Pipes {
+            now: t0,
+            written: vec![Vec::new(); NODES],
+            replies: vec![Vec::new(); NODES],
+        };
+        e.maintain(&mut t, t0);
+        for node in 0..NODES {
+            e.on_event(&mut t, node, false, false, None); // established: INFO, PING go out
+            // Distinct servers, up for a day.
+            let info = format!("run_id:{node:040}\r\nuptime_in_seconds:86400\r\n");
+            let info = format!("${}\r\n{info}\r\n+PONG\r\n", info.len());
+            t.replies[node].extend_from_slice(info.as_bytes());
+            e.on_event(&mut t, node, true, false, None);
+            assert!(e.sessions()[node].state == State::Ready && !e.sessions()[node].handshaking());
+        }
+        (e, t)
+    }
+
+    /// One round in progress, driven the way the driver and the simulation drive it.
+    struct Attempt {
+        round: Round,
+        items: [Item<'static>; 1],
+    }
+
+    impl Attempt {
+        fn new(key: &'static [u8], token: u128) -> Attempt {
+            Attempt {
+                round: Round::default(),
+                items: [Item {
+                    key,
+                    token: Token::from_bits(token),
+                }],
+            }
+        }
+        fn with<R>(&mut self, f: impl FnOnce(&mut Active<'_>) -> R) -> R {
+            let req = Request::new(Phase::Acquire, 10_000, &self.items, 0);
+            let mut active = Active {
+                round: &mut self.round,
+                req: &req,
+            };
+            f(&mut active)
+        }
+        fn begin(&mut self, e: &mut Engine, t: &mut Pipes) {
+            let start = t.now;
+            self.with(|a| e.begin(t, a, start));
+        }
+        /// Feeds `bytes` to `node` and hands the engine its readiness event.
+        fn feed(&mut self, e: &mut Engine, t: &mut Pipes, node: usize, bytes: &[u8]) {
+            t.replies[node].extend_from_slice(bytes);
+            self.with(|a| e.on_event(t, node, true, false, Some(a)));
+        }
+        /// Whether `node` has been written this attempt's SET since `mark`.
+        fn set_written(&self, t: &Pipes, node: usize, mark: &[usize]) -> bool {
+            let token = self.items[0].token;
+            let since = &t.written[node][mark[node]..];
+            since.starts_with(b"*") && memchr::memmem::find(since, token.as_bytes()).is_some()
+        }
+    }
+
+    fn marks(t: &Pipes) -> Vec<usize> {
+        t.written.iter().map(Vec::len).collect()
+    }
+
+    /// Round 1 on `KEY`: nodes 0 and 1 locked for us, 2..4 held by another client; node 1's
+    /// reply has not arrived when the third nil decides the round. The lost attempt's
+    /// deletes go to all five nodes, as `Redlock::try_lock` sends them.
+    fn lost_attempt(e: &mut Engine, t: &mut Pipes) {
+        let mut a = Attempt::new(KEY, 1);
+        a.begin(e, t);
+        a.feed(e, t, 0, b"+OK\r\n");
+        for node in 2..NODES {
+            a.feed(e, t, node, b"$-1\r\n");
+        }
+        assert_eq!(a.round.decision(0), crate::core::round::Decision::Taken);
+        let before = marks(t);
+        e.release_lost(t, &a.items, &[0]);
+        for (node, &mark) in before.iter().enumerate() {
+            assert!(t.written[node].len() > mark, "node {node}: no delete");
+            assert_eq!(e.sessions()[node].deletes_owed, 1);
+        }
+    }
+
+    #[test]
+    fn after_a_lost_attempt_the_next_set_waits_for_the_deletes() {
+        let (mut e, mut t) = ready();
+        lost_attempt(&mut e, &mut t);
+        t.now += Duration::from_micros(50);
+        let mark = marks(&t);
+        let mut a = Attempt::new(KEY, 2);
+        a.begin(&mut e, &mut t);
+        // Nothing is written while the deletes are owed: a SET right behind its delete
+        // would take back the key the delete just freed.
+        assert_eq!(marks(&t), mark, "a SET went out behind its delete");
+        assert_eq!(e.hold_until(), Some(t.now + TIMEOUT / HOLD_DIVISOR));
+        // Node 0 answers its delete, nodes 2..4 theirs; node 1 still owes the SET's reply
+        // and the delete. Still nothing goes out: the round waits for every delete.
+        a.feed(&mut e, &mut t, 0, b":1\r\n");
+        for node in 2..NODES {
+            a.feed(&mut e, &mut t, node, b":0\r\n");
+        }
+        assert_eq!(marks(&t), mark);
+        // Not yet time to stop waiting.
+        a.with(|x| e.release_held(&mut t, x, base() + Duration::from_micros(50)));
+        assert_eq!(marks(&t), mark);
+        // Node 1 answers both: now every node is written, at once.
+        a.feed(&mut e, &mut t, 1, b"+OK\r\n:1\r\n");
+        for node in 0..NODES {
+            assert!(a.set_written(&t, node, &mark), "node {node} not written");
+            assert_eq!(e.sessions()[node].deletes_owed, 0);
+        }
+        assert_eq!(e.hold_until(), None);
+        for node in 0..3 {
+            a.feed(&mut e, &mut t, node, b"+OK\r\n");
+        }
+        assert_eq!(a.round.decision(0), crate::core::round::Decision::Won);
+        assert_eq!(a.round.yes(0), 3);
+    }
+
+    #[test]
+    fn a_straggler_is_left_behind_in_time_and_written_once_it_answers() {
+        let (mut e, mut t) = ready();
+        lost_attempt(&mut e, &mut t);
+        let start = t.now + Duration::from_micros(50);
+        t.now = start;
+        let mark = marks(&t);
+        let mut a = Attempt::new(KEY, 2);
+        a.begin(&mut e, &mut t);
+        for node in [0, 2, 3] {
+            a.feed(&mut e, &mut t, node, b":0\r\n");
+        }
+        assert_eq!(marks(&t), mark);
+        // Past `hold_until`: the nodes that answered are written; 1 and 4 still owe
+        // their deletes and stay held.
+        let until = e.hold_until().unwrap();
+        t.now = until;
+        a.with(|x| e.release_held(&mut t, x, until));
+        let written: Vec<bool> = (0..NODES).map(|n| a.set_written(&t, n, &mark)).collect();
+        assert_eq!(written, [true, false, true, true, false]);
+        assert_eq!(
+            e.written(),
+            0b01101,
+            "a held node is not among those written"
+        );
+        // A reply of a node never sent the SET is not a vote: node 1's `+OK` answers the
+        // lost attempt's SET.
+        a.feed(&mut e, &mut t, 1, b"+OK\r\n");
+        assert!(a.round.is_pending(1, 0));
+        assert!(!a.set_written(&t, 1, &mark));
+        // Its delete answered, node 1 gets the SET, within the round.
+        a.feed(&mut e, &mut t, 1, b":1\r\n");
+        assert!(a.set_written(&t, 1, &mark));
+        a.feed(&mut e, &mut t, 0, b"$-1\r\n");
+        a.feed(&mut e, &mut t, 2, b"$-1\r\n");
+        a.feed(&mut e, &mut t, 3, b"$-1\r\n");
+        assert_eq!(a.round.decision(0), crate::core::round::Decision::Taken);
+        // Decided: node 4 is never written, however late its delete is answered, and is
+        // not chased by the release of this lost attempt.
+        assert_eq!(e.written(), 0b01111);
+        a.feed(&mut e, &mut t, 4, b":0\r\n");
+        assert!(!a.set_written(&t, 4, &mark));
+        let mark = marks(&t);
+        e.release_lost(&mut t, &a.items, &[0]);
+        assert_eq!(t.written[4].len(), mark[4], "node 4 was never sent the SET");
+        // Nodes 0..3 owe this attempt's deletes, node 4 none: the next round still writes
+        // to no node before the deletes are in. One that times out meanwhile records no
+        // reply for the nodes never written, not a vote.
+        let mark = marks(&t);
+        let mut b = Attempt::new(KEY, 3);
+        b.begin(&mut e, &mut t);
+        assert!((0..NODES).all(|n| e.sessions()[n].held));
+        assert_eq!(marks(&t), mark);
+        b.round.time_out(t.now + TIMEOUT);
+        assert!((0..NODES).all(|n| b.round.vote(n, 0) == Some(Outcome::NoReply)));
+    }
+
+    #[test]
+    fn another_key_or_a_node_that_lags_is_not_held() {
+        let (mut e, mut t) = ready();
+        lost_attempt(&mut e, &mut t);
+        // Another key: written at once, deletes or not.
+        let mark = marks(&t);
+        let mut other = Attempt::new(b"other", 5);
+        other.begin(&mut e, &mut t);
+        assert_eq!(e.hold_until(), None);
+        assert!((0..NODES).all(|n| other.set_written(&t, n, &mark)));
+        for node in 0..NODES {
+            // Node 1 first answers the lost attempt's SET.
+            let replies: &[u8] = if node == 1 {
+                b"+OK\r\n:1\r\n"
+            } else {
+                b":1\r\n"
+            };
+            other.feed(&mut e, &mut t, node, replies);
+            other.feed(&mut e, &mut t, node, b"+OK\r\n");
+        }
+        assert_eq!(other.round.decision(0), crate::core::round::Decision::Won);
+        // A new lost attempt on `KEY`; node 4 then never answers (frozen). Once its delete
+        // is older than `node_timeout` it lags: the next round neither waits for it nor
+        // writes to it, and the others are written at once.
+        lost_attempt(&mut e, &mut t);
+        for node in 0..4 {
+            let replies: &[u8] = if node == 1 {
+                b"+OK\r\n:1\r\n"
+            } else {
+                b":1\r\n"
+            };
+            t.replies[node].extend_from_slice(replies);
+            e.on_event(&mut t, node, true, false, None);
+        }
+        t.now += TIMEOUT + Duration::from_millis(1);
+        let mark = marks(&t);
+        let mut a = Attempt::new(KEY, 6);
+        a.begin(&mut e, &mut t);
+        let written: Vec<bool> = (0..NODES).map(|n| a.set_written(&t, n, &mark)).collect();
+        assert_eq!(written, [true, true, true, true, false]);
+        assert_eq!(
+            a.round.vote(4, 0),
+            Some(Outcome::Failed(NodeError::Lagging))
+        );
     }
 }

@@ -255,6 +255,13 @@ pub struct Session {
     /// Who the server on this connection is, once its `INFO server` is answered; `None`
     /// before, or when it was refused or had no `run_id` and uptime.
     pub identity: Option<Identity>,
+    /// Compare-and-deletes written on this connection whose replies no round waits for
+    /// (after a lost attempt, behind a stale write) and that are not answered yet. Until
+    /// they are, the node may still hold a key of ours that the delete is about to free.
+    pub(crate) deletes_owed: usize,
+    /// The current round's command is held back from this node until its deletes are
+    /// answered (see `Engine::begin`): not written, so it votes only once it is.
+    pub(crate) held: bool,
 }
 
 impl Session {
@@ -280,6 +287,8 @@ impl Session {
             owed_until: None,
             extend_script_known: false,
             identity: None,
+            deletes_owed: 0,
+            held: false,
         }
     }
 
@@ -373,6 +382,9 @@ impl Session {
     pub fn enqueue(&mut self, expect: Expect, count: usize) -> Result<bool, NodeError> {
         if self.pending.len() + count > MAX_PENDING {
             return Err(NodeError::Backlog);
+        }
+        if !expect.counted && matches!(expect.kind, Expected::Command(_)) {
+            self.deletes_owed += count;
         }
         if count == 1 {
             self.pending.push_back(expect);
@@ -641,6 +653,14 @@ impl Session {
             self.head = 0;
             self.tail = 0;
         }
+        if self.deletes_owed != 0
+            && self
+                .pending
+                .front()
+                .is_some_and(|e| !e.counted && matches!(e.kind, Expected::Command(_)))
+        {
+            self.deletes_owed -= 1;
+        }
         self.pending.pop_front();
         // A node that answers is healthy again: the next failure reconnects at once.
         self.backoff = Duration::ZERO;
@@ -708,6 +728,7 @@ impl Session {
         self.tail = 0;
         self.progress.clear();
         self.pending.clear();
+        self.deletes_owed = 0;
         self.owed_until = None;
         self.down = NodeError::Down(Arc::new(error));
         self.retry_at = now + self.backoff;

@@ -122,7 +122,21 @@ impl Driver {
                     }
                 }
             };
+            // An acquire holding its writes back for the last lost attempt's deletes
+            // (see `Engine::hold_until`) stops waiting for them in time.
+            let hold_until = self.engine.hold_until();
+            let timeout = match hold_until {
+                Some(until) => timeout.min(until.saturating_duration_since(Instant::now())),
+                None => timeout,
+            };
             let woke = self.poll_once(&mut events, timeout, Some(&mut active));
+            if hold_until.is_some() {
+                let now = Instant::now();
+                self.engine.release_held(&mut self.net, &mut active, now);
+                // The budget counted a wait that may have been cut short: let the clock
+                // size the next one.
+                budget.expire();
+            }
             if !woke || self.engine.take_slow_work() {
                 // A wait that ended with nothing to show may have run late (timer slack,
                 // a busy machine), and slow-path work (a hostile node's trickle, a

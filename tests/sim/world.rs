@@ -26,7 +26,8 @@
 //! - Clients: acquire (up to [`MAX_ATTEMPTS`] attempts, 1 to 5 ms apart), hold, then
 //!   extend, unlock, or abandon the lock to expire (a client that crashed in its critical
 //!   section), once or twice each; a failed attempt calls `release_lost` on what it
-//!   wrote. The rules for a lock's validity are `Redlock::attempt`'s and
+//!   wrote, and a next attempt held back for those deletes is released at
+//!   `Engine::hold_until` as the driver does. The rules for a lock's validity are `Redlock::attempt`'s and
 //!   `Redlock::extend`'s (`quorum::safe_span`, `quorum::deadline`). Patient waiters and
 //!   abandoned locks put acquisitions right at the expiry boundary: a validity
 //!   overstated by 1 ms is caught within a few hundred seeds.
@@ -142,6 +143,8 @@ pub struct Stats {
     pub partial_writes: u64,
     pub split_reads: u64,
     pub round_timeouts: u64,
+    /// Acquires that held their writes back for the last lost attempt's deletes.
+    pub held_acquires: u64,
     /// Releases owed to a node and seen handed to its connection.
     pub releases_sent: u64,
     /// Releases owed to a node whose connection broke before they could go.
@@ -177,6 +180,7 @@ impl Stats {
         self.partial_writes += o.partial_writes;
         self.split_reads += o.split_reads;
         self.round_timeouts += o.round_timeouts;
+        self.held_acquires += o.held_acquires;
         self.releases_sent += o.releases_sent;
         self.releases_excused += o.releases_excused;
         self.max_buffer_growth = self.max_buffer_growth.max(o.max_buffer_growth);
@@ -503,6 +507,29 @@ impl Client {
         } else {
             engine.on_event(transport, node, readable, closed, None);
         }
+    }
+
+    /// At the client's time, past [`Engine::hold_until`]: the round stops waiting for the
+    /// last lost attempt's deletes (what the driver does when its wait ends).
+    fn release_held(&mut self) {
+        let Client {
+            engine,
+            transport,
+            round,
+            items,
+            phase,
+            ttl_ms,
+            chase,
+            stage,
+            ..
+        } = self;
+        if !matches!(stage, Stage::Round { .. }) || round.is_done() {
+            return;
+        }
+        let req = Request::new(*phase, *ttl_ms, &items[..], *chase);
+        let mut active = Active { round, req: &req };
+        let now = transport.instant();
+        engine.release_held(transport, &mut active, now);
     }
 
     fn begin(&mut self, phase: Phase, token: Token, chase: u64, node_timeout: Duration) {
@@ -1014,12 +1041,17 @@ impl World {
     fn due(&mut self, ci: usize) {
         let nodes = &self.nodes;
         let c = &mut self.clients[ci];
+        let t = &c.transport;
         let mut due = match c.stage {
             Stage::Idle(t) | Stage::Holding(t) => t,
-            Stage::Round { timeout, .. } => timeout,
+            // A round holding its writes for the last lost attempt's deletes stops
+            // waiting for them in time.
+            Stage::Round { timeout, .. } => match c.engine.hold_until() {
+                Some(until) => timeout.min(t.clock.global(t.local_of(until))),
+                None => timeout,
+            },
             Stage::Done => SimTime::MAX,
         };
-        let t = &c.transport;
         let conns = t
             .conns
             .iter()
@@ -1065,6 +1097,13 @@ impl World {
             }
             rounds += 1;
             assert!(rounds < 100_000, "seed {seed}: events never stop");
+        }
+        let c = &mut self.clients[ci];
+        if c.engine
+            .hold_until()
+            .is_some_and(|until| c.transport.instant() >= until)
+        {
+            c.release_held();
         }
         loop {
             let c = &mut self.clients[ci];
@@ -1112,6 +1151,9 @@ impl World {
         let token = c.tokens.next_token().unwrap();
         self.stats.attempts += 1;
         c.begin(Phase::Acquire, token, 0, nt);
+        if c.engine.hold_until().is_some() {
+            self.stats.held_acquires += 1;
+        }
     }
 
     fn after_hold(&mut self, ci: usize) {
