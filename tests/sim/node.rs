@@ -11,7 +11,8 @@
 //!   skips two bytes blindly), so an encoder that miscounts a length is caught at once.
 //! - Commands: `PING [msg]`, `AUTH [user] pass`, `SELECT db`, `SET key value [NX|XX]
 //!   [EX s|PX ms|KEEPTTL]`, `GET`, `DEL key…`, `PEXPIRE key ms [NX|XX|GT|LT]`, `PTTL`,
-//!   `EVAL`/`EVALSHA` of exactly the client's two scripts, `SCRIPT FLUSH|LOAD|EXISTS`,
+//!   `EVAL`/`EVALSHA` of exactly the client's six scripts (`core::script`'s `RELEASE`,
+//!   `EXTEND`, `ACQUIRE`, `FENCE`, `RELEASE_ALL`, `EXTEND_ALL`), `SCRIPT FLUSH|LOAD|EXISTS`,
 //!   `INFO` (the server section's `run_id` and `uptime_in_seconds` only), `QUIT`. The
 //!   order of checks is Redis 7's: unknown command, then arity, then `NOAUTH`, then the
 //!   command's own argument errors. Replies and error texts were compared byte for
@@ -25,10 +26,29 @@
 //!   what the Redlock drift allowance's `+ 2 ms` is for.
 //! - Expiry is lazy (every access checks), plus [`SimNode::expire_all`]; Redis's active
 //!   expiry samples keys at random, which no command can observe.
-//! - The script cache: `EVAL` and `SCRIPT LOAD` of either script cache it by its SHA1
+//! - The script cache: `EVAL` and `SCRIPT LOAD` of any of the six cache it by its SHA1
 //!   (the constants of `core::script`, the script matched by its exact text); `EVALSHA` of
 //!   a script not cached answers `-NOSCRIPT`. `SCRIPT FLUSH` and [`SimNode::restart`]
 //!   empty it. Any other script is refused with an error that says it is not modelled.
+//! - Scripts: each is its Lua transcribed step by step, so that any arguments give what
+//!   Redis 7 gives: the same `redis.call`s in the same order, the same early returns, and
+//!   an error stops the script where Lua would, keeping the writes made before it (Redis
+//!   does not roll a script back). The whole script runs at one node time, as Redis
+//!   freezes the clock for a script. A nil `KEYS[i]`/`ARGV[i]` given to `redis.call`
+//!   raises `ERR Lua redis lib command arguments must be strings or integers`; an error of
+//!   the Lua itself (a nil `for` limit, comparing a number with nil) raises
+//!   `ERR user_script:1: <Lua's message>`; a command's own error raises its error text;
+//!   each is answered as `-<that> script: <sha>, on @user_script:1.`. Lua numbers are
+//!   doubles: `tonumber` of a string reads what Lua 5.1 over glibc's `strtod` reads (the
+//!   text up to a NUL, C white space around it, decimal with optional fraction and
+//!   exponent, hexadecimal `0x…` with optional fraction and `p` exponent, `inf`,
+//!   `infinity`, `nan`, `nan(…)`, each optionally signed), anything else being nil; `for`
+//!   loops step in doubles and `KEYS[i]` is nil for an `i` that is not a whole number in
+//!   range; a number returned is replied as C's `(long long)` of it, truncating toward
+//!   zero. Deviations: a hexadecimal number of more than 53 significant bits, or whose
+//!   value is subnormal, may round differently from glibc; a returned number out of the
+//!   `i64` range (or NaN) answers `i64::MIN`, which is what x86-64 gives (C leaves it
+//!   undefined, so another CPU may differ). Pinned against `redis-server` 7.0.15.
 //! - Faults: [`SimNode::restart`] (no persistence: every key, the script cache and every
 //!   connection lost; connection ids are never reused, so a stale id reads as closed).
 //!   Freezes, latency and partial writes are the simulation's business: it just does not
@@ -42,10 +62,13 @@
 //!   authenticated, a request of more than 10 arguments or a bulk over 16384 bytes is a
 //!   protocol error.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
-use quorumlock::__private::core::script::{EXTEND, EXTEND_SHA, RELEASE, RELEASE_SHA};
+use quorumlock::__private::core::script::{
+    ACQUIRE, ACQUIRE_SHA, EXTEND, EXTEND_ALL, EXTEND_ALL_SHA, EXTEND_SHA, FENCE, FENCE_SHA,
+    RELEASE, RELEASE_ALL, RELEASE_ALL_SHA, RELEASE_SHA,
+};
 
 /// A time on one node's own clock, in nanoseconds.
 pub type SimTime = u64;
@@ -359,32 +382,35 @@ pub fn string2ll(s: &[u8]) -> Option<i64> {
     }
 }
 
-/// The two scripts the node can run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The scripts the node can run: the client's six, known by their exact text or digest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Script {
     Release,
     Extend,
+    Acquire,
+    Fence,
+    ReleaseAll,
+    ExtendAll,
 }
 
 impl Script {
-    fn by_text(text: &[u8]) -> Option<Script> {
-        if text == RELEASE {
-            Some(Script::Release)
-        } else if text == EXTEND {
-            Some(Script::Extend)
-        } else {
-            None
-        }
-    }
+    const ALL: [Script; 6] = [
+        Script::Release,
+        Script::Extend,
+        Script::Acquire,
+        Script::Fence,
+        Script::ReleaseAll,
+        Script::ExtendAll,
+    ];
 
-    fn by_sha(sha: &[u8]) -> Option<Script> {
-        // Redis lowercases the digest before looking it up.
-        if sha.eq_ignore_ascii_case(RELEASE_SHA) {
-            Some(Script::Release)
-        } else if sha.eq_ignore_ascii_case(EXTEND_SHA) {
-            Some(Script::Extend)
-        } else {
-            None
+    fn text(self) -> &'static [u8] {
+        match self {
+            Script::Release => RELEASE,
+            Script::Extend => EXTEND,
+            Script::Acquire => ACQUIRE,
+            Script::Fence => FENCE,
+            Script::ReleaseAll => RELEASE_ALL,
+            Script::ExtendAll => EXTEND_ALL,
         }
     }
 
@@ -392,7 +418,170 @@ impl Script {
         match self {
             Script::Release => RELEASE_SHA,
             Script::Extend => EXTEND_SHA,
+            Script::Acquire => ACQUIRE_SHA,
+            Script::Fence => FENCE_SHA,
+            Script::ReleaseAll => RELEASE_ALL_SHA,
+            Script::ExtendAll => EXTEND_ALL_SHA,
         }
+    }
+
+    fn by_text(text: &[u8]) -> Option<Script> {
+        Script::ALL.into_iter().find(|s| s.text() == text)
+    }
+
+    fn by_sha(sha: &[u8]) -> Option<Script> {
+        // Redis lowercases the digest before looking it up.
+        Script::ALL
+            .into_iter()
+            .find(|s| sha.eq_ignore_ascii_case(s.sha()))
+    }
+}
+
+/// What a script returned, before Redis turns it into a reply.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Lua {
+    /// `return false`: a nil reply.
+    False,
+    /// `return redis.status_reply("OK")`.
+    Ok,
+    /// A number (every Lua number is a double).
+    Number(f64),
+}
+
+/// A Lua error a script raised, as Redis words it before naming the script.
+type Raised = Vec<u8>;
+
+/// What `redis.call` raises when given nil (a `KEYS[i]` or `ARGV[i]` past the end).
+const LUA_ARGS: &[u8] = b"ERR Lua redis lib command arguments must be strings or integers";
+
+/// A runtime error of the script's own code (not of a command it calls), with the place
+/// Lua names: every script is one line.
+fn lua_error(msg: &str) -> Raised {
+    format!("ERR user_script:1: {msg}").into_bytes()
+}
+
+/// A value handed to `redis.call`: nil (`None`) raises before the command runs.
+fn lua_arg(v: Option<&[u8]>) -> Result<&[u8], Raised> {
+    v.ok_or_else(|| LUA_ARGS.to_vec())
+}
+
+/// Lua's `==` between what `GET` gave (a string, or `false` for none) and an `ARGV[i]`
+/// (a string, or nil): `false == nil` is false, so a missing key never matches.
+fn lua_same(got: Option<&[u8]>, want: Option<&[u8]>) -> bool {
+    got.is_some() && got == want
+}
+
+/// `KEYS[i]` for a Lua number `i`: nil unless `i` is a whole number within the table.
+fn lua_index<'a>(table: &[&'a [u8]], i: f64) -> Option<&'a [u8]> {
+    // NaN and the infinities have no zero fraction: nil.
+    if i.fract() != 0.0 || i < 1.0 || i > table.len() as f64 {
+        return None;
+    }
+    Some(table[i as usize - 1])
+}
+
+/// The values `i` takes in Lua 5.1's `for i=init,limit do`: step 1 in doubles, computed
+/// as its FORPREP/FORLOOP do (`init - 1`, then `+ 1` while not past `limit`; none if
+/// either is NaN). Unbounded for a huge limit: the scripts' loops end by indexing `KEYS`
+/// past its end, which raises, as in Redis.
+fn lua_for(init: f64, limit: f64) -> impl Iterator<Item = f64> {
+    std::iter::successors(Some(init - 1.0), |i| Some(i + 1.0))
+        .skip(1)
+        .take_while(move |&i| i <= limit)
+}
+
+/// C's `isspace` in the C locale (`\v` included, unlike `u8::is_ascii_whitespace`).
+fn c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// Lua 5.1's `tonumber(s)` of a string in Redis 7: `luaO_str2d` over glibc's `strtod`,
+/// which reads the C string (up to a NUL), skips white space before it and allows only
+/// white space after it. `None`: nil.
+fn lua_tonumber(s: &[u8]) -> Option<f64> {
+    let s = c_str(s, usize::MAX);
+    let from = s.iter().position(|&b| !c_space(b))?;
+    let to = s.iter().rposition(|&b| !c_space(b))? + 1;
+    let s = &s[from..to];
+    let (negative, body) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        Some((b'+', rest)) => (false, rest),
+        _ => (false, s),
+    };
+    let v = match body {
+        [b'0', x, hex @ ..] if x.eq_ignore_ascii_case(&b'x') => hex_number(hex)?,
+        _ => {
+            let text = std::str::from_utf8(body).ok()?;
+            let nan_chars = text
+                .get(..4)
+                .filter(|head| head.eq_ignore_ascii_case("nan("))
+                .and_then(|_| text[4..].strip_suffix(')'));
+            match nan_chars {
+                Some(chars)
+                    if chars
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_') =>
+                {
+                    f64::NAN
+                }
+                // Rust's grammar is `strtod`'s decimal one plus `inf`, `infinity`, `nan`
+                // (any case); its sign is already taken, a second one is not `strtod`'s.
+                _ if !body.starts_with(b"+") && !body.starts_with(b"-") => text.parse().ok()?,
+                _ => return None,
+            }
+        }
+    };
+    Some(if negative { -v } else { v })
+}
+
+/// The part of a `strtod` hexadecimal number after `0x`: hex digits with an optional `.`
+/// (at least one digit), then optionally `p` and a signed decimal power of two. Exact
+/// for up to 53 significant bits in the normal range (see the module docs).
+fn hex_number(s: &[u8]) -> Option<f64> {
+    let (mantissa, power) = match s.iter().position(|b| b.eq_ignore_ascii_case(&b'p')) {
+        Some(p) => (&s[..p], Some(&s[p + 1..])),
+        None => (s, None),
+    };
+    let (int, frac) = match mantissa.iter().position(|&b| b == b'.') {
+        Some(dot) => (&mantissa[..dot], &mantissa[dot + 1..]),
+        None => (mantissa, &b""[..]),
+    };
+    if int.is_empty() && frac.is_empty() {
+        return None;
+    }
+    let mut v = 0.0f64;
+    for &d in int.iter().chain(frac) {
+        v = v * 16.0 + f64::from(char::from(d).to_digit(16)?);
+    }
+    let mut exp = -4 * frac.len() as i64;
+    if let Some(p) = power {
+        let (negative, digits) = match p.split_first() {
+            Some((b'-', rest)) => (true, rest),
+            Some((b'+', rest)) => (false, rest),
+            _ => (false, p),
+        };
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        // Far past any double's range either way: saturate.
+        let n = digits
+            .iter()
+            .fold(0i64, |n, d| (n * 10 + i64::from(d - b'0')).min(1 << 20));
+        exp += if negative { -n } else { n };
+    }
+    // In two halves, so that a large mantissa with a small power does not underflow early.
+    let exp = exp.clamp(-(1 << 21), 1 << 21) as i32;
+    Some(v * 2f64.powi(exp / 2) * 2f64.powi(exp - exp / 2))
+}
+
+/// A number a script returns, as Redis replies it: C's `(long long)` cast, which truncates
+/// toward zero; out of range or NaN, x86-64 gives `i64::MIN` (C leaves it undefined).
+fn lua_integer(x: f64) -> i64 {
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0; // 2^63
+    if x.is_nan() || !(-LIMIT..LIMIT).contains(&x) {
+        i64::MIN
+    } else {
+        x as i64
     }
 }
 
@@ -502,8 +691,8 @@ pub struct SimNode {
     next_conn: u64,
     conns: BTreeMap<u64, Conn>,
     dbs: Vec<BTreeMap<Vec<u8>, Entry>>,
-    release_cached: bool,
-    extend_cached: bool,
+    /// The script cache.
+    scripts: BTreeSet<Script>,
     /// `requirepass`: the default user's password; `None`: the default user is `nopass`.
     password: Option<Vec<u8>>,
     /// Other ACL users, by name and password.
@@ -526,8 +715,7 @@ impl SimNode {
             next_conn: 1,
             conns: BTreeMap::new(),
             dbs: vec![BTreeMap::new(); DATABASES],
-            release_cached: false,
-            extend_cached: false,
+            scripts: BTreeSet::new(),
             password: None,
             users: Vec::new(),
             restarts: 0,
@@ -632,8 +820,7 @@ impl SimNode {
         for db in &mut self.dbs {
             db.clear();
         }
-        self.release_cached = false;
-        self.extend_cached = false;
+        self.scripts.clear();
         self.restarts += 1;
         self.run_id = run_id(&mut self.rng);
     }
@@ -655,11 +842,7 @@ impl SimNode {
 
     /// Whether the script with SHA1 `sha` is in the cache.
     pub fn script_cached(&self, sha: &[u8]) -> bool {
-        match Script::by_sha(sha) {
-            Some(Script::Release) => self.release_cached,
-            Some(Script::Extend) => self.extend_cached,
-            None => false,
-        }
+        Script::by_sha(sha).is_some_and(|s| self.scripts.contains(&s))
     }
 
     /// Deletes every key expired at node time `now`; returns how many.
@@ -769,7 +952,11 @@ impl SimNode {
                 ),
                 None => err(out, NOT_INTEGER),
             },
-            Cmd::Set => self.set(s.db, argv, now_ms, out),
+            Cmd::Set => match self.set(s.db, argv, now_ms) {
+                Ok(true) => simple(out, b"OK"),
+                Ok(false) => nil(out),
+                Err(e) => err(out, e),
+            },
             Cmd::Get => match self.lookup(s.db, argv[1], now_ms) {
                 Some(e) => bulk(out, &e.value),
                 None => nil(out),
@@ -784,11 +971,10 @@ impl SimNode {
                 }
                 int(out, n);
             }
-            Cmd::Pexpire => {
-                if let Err(e) = self.pexpire(s.db, argv[1], argv[2], &argv[3..], now_ms, out) {
-                    err(out, &e);
-                }
-            }
+            Cmd::Pexpire => match self.pexpire(s.db, argv[1], argv[2], &argv[3..], now_ms) {
+                Ok(done) => int(out, i64::from(done)),
+                Err(e) => err(out, &e),
+            },
             Cmd::Pttl => match self.lookup(s.db, argv[1], now_ms) {
                 None => int(out, -2),
                 Some(Entry {
@@ -834,7 +1020,9 @@ impl SimNode {
         }
     }
 
-    fn set(&mut self, db: usize, argv: &[&[u8]], now_ms: i64, out: &mut Vec<u8>) {
+    /// `SET key value [NX|XX] [EX s|PX ms|KEEPTTL]`: `Ok(false)` when NX or XX refused
+    /// (a nil reply), `Err` the error text.
+    fn set(&mut self, db: usize, argv: &[&[u8]], now_ms: i64) -> Result<bool, &'static [u8]> {
         let (key, value) = (argv[1], argv[2]);
         let (mut nx, mut xx, mut keepttl) = (false, false, false);
         // The expiry argument and its unit in ms.
@@ -862,7 +1050,7 @@ impl SimNode {
                 expire = next.map(|n| (*n, unit));
                 i += 1;
             } else {
-                return err(out, SYNTAX);
+                return Err(SYNTAX);
             }
             i += 1;
         }
@@ -870,7 +1058,7 @@ impl SimNode {
             None => None,
             Some((raw, unit)) => {
                 let Some(n) = string2ll(raw) else {
-                    return err(out, NOT_INTEGER);
+                    return Err(NOT_INTEGER);
                 };
                 match n
                     .checked_mul(unit)
@@ -878,13 +1066,13 @@ impl SimNode {
                     .and_then(|ms| ms.checked_add(now_ms))
                 {
                     Some(when) => Some(when),
-                    None => return err(out, b"ERR invalid expire time in 'set' command"),
+                    None => return Err(b"ERR invalid expire time in 'set' command"),
                 }
             }
         };
         let old = self.lookup(db, key, now_ms).map(|e| e.expires_ms);
         if (nx && old.is_some()) || (xx && old.is_none()) {
-            return nil(out);
+            return Ok(false);
         }
         let expires_ms = if keepttl { old.flatten() } else { when };
         self.dbs[db].insert(
@@ -894,12 +1082,12 @@ impl SimNode {
                 expires_ms,
             },
         );
-        simple(out, b"OK");
+        Ok(true)
     }
 
-    /// `PEXPIRE key ms [NX|XX|GT|LT]`: `:0` for a missing key or an unmet condition, `:1`
-    /// otherwise (deleting the key if the new expiry is not in the future). `Err`: the
-    /// error text.
+    /// `PEXPIRE key ms [NX|XX|GT|LT]`: false (`:0`) for a missing key or an unmet
+    /// condition, true (`:1`) otherwise (deleting the key if the new expiry is not in the
+    /// future). `Err`: the error text.
     fn pexpire(
         &mut self,
         db: usize,
@@ -907,8 +1095,7 @@ impl SimNode {
         raw: &[u8],
         options: &[&[u8]],
         now_ms: i64,
-        out: &mut Vec<u8>,
-    ) -> Result<(), Vec<u8>> {
+    ) -> Result<bool, Vec<u8>> {
         let (mut nx, mut xx, mut gt, mut lt) = (false, false, false, false);
         for opt in options {
             let flag = match opt.to_ascii_uppercase().as_slice() {
@@ -938,18 +1125,17 @@ impl SimNode {
             Some(cur) => nx || (gt && when <= cur) || (lt && when >= cur),
         };
         match self.lookup(db, key, now_ms) {
-            None => int(out, 0),
-            Some(e) if refused(e.expires_ms) => int(out, 0),
+            None => Ok(false),
+            Some(e) if refused(e.expires_ms) => Ok(false),
             Some(_) if when <= now_ms => {
                 self.dbs[db].remove(key);
-                int(out, 1);
+                Ok(true)
             }
             Some(e) => {
                 e.expires_ms = Some(when);
-                int(out, 1);
+                Ok(true)
             }
         }
-        Ok(())
     }
 
     fn eval(&mut self, db: usize, by_sha: bool, argv: &[&[u8]], now_ms: i64, out: &mut Vec<u8>) {
@@ -966,73 +1152,235 @@ impl SimNode {
             return err(out, b"ERR Number of keys can't be negative");
         }
         let script = if by_sha {
-            match Script::by_sha(argv[1]).filter(|s| self.script_cached(s.sha())) {
+            match Script::by_sha(argv[1]).filter(|s| self.scripts.contains(s)) {
                 Some(s) => s,
                 None => return err(out, b"NOSCRIPT No matching script. Please use EVAL."),
             }
         } else {
             match Script::by_text(argv[1]) {
                 Some(s) => {
-                    self.cache(s);
+                    self.scripts.insert(s);
                     s
                 }
                 None => {
-                    return err(
-                        out,
-                        b"ERR sim: only the release and extend scripts are modelled",
-                    );
+                    return err(out, b"ERR sim: only the client's scripts are modelled");
                 }
             }
         };
         let (keys, args) = argv[3..].split_at(numkeys as usize);
-        // Any error a `redis.call` raises, as Redis 7 reports it from a script.
-        let script_err = |out: &mut Vec<u8>, msg: &str| {
-            let sha = String::from_utf8_lossy(script.sha());
-            err(
-                out,
-                format!("{msg} script: {sha}, on @user_script:1.").as_bytes(),
-            );
-        };
-        // `redis.call("get",KEYS[1]) == ARGV[1]`.
-        let Some(&key) = keys.first() else {
-            return script_err(
-                out,
-                "ERR Lua redis lib command arguments must be strings or integers",
-            );
-        };
-        let matches = match (self.lookup(db, key, now_ms), args.first()) {
-            (Some(e), Some(token)) => e.value == *token,
-            _ => false,
-        };
-        if !matches {
-            return int(out, 0);
-        }
-        match script {
-            Script::Release => {
-                self.dbs[db].remove(key);
-                int(out, 1);
-            }
-            Script::Extend => {
-                let Some(ttl) = args.get(1) else {
-                    return script_err(
-                        out,
-                        "ERR Lua redis lib command arguments must be strings or integers",
-                    );
-                };
-                let mut reply = Vec::new();
-                match self.pexpire(db, key, ttl, &[], now_ms, &mut reply) {
-                    Ok(()) => out.extend_from_slice(&reply),
-                    Err(e) => script_err(out, &String::from_utf8_lossy(&e)),
-                }
+        match self.run_script(db, script, keys, args, now_ms) {
+            Ok(Lua::False) => nil(out),
+            Ok(Lua::Ok) => simple(out, b"OK"),
+            Ok(Lua::Number(x)) => int(out, lua_integer(x)),
+            Err(raised) => {
+                let place = b" script: "
+                    .iter()
+                    .chain(script.sha())
+                    .chain(b", on @user_script:1.");
+                err(
+                    out,
+                    &raised
+                        .into_iter()
+                        .chain(place.copied())
+                        .collect::<Vec<u8>>(),
+                );
             }
         }
     }
 
-    fn cache(&mut self, script: Script) {
+    /// Runs `script` with `KEYS` and `ARGV` as Redis 7 runs its Lua (quoted above each).
+    fn run_script(
+        &mut self,
+        db: usize,
+        script: Script,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        now_ms: i64,
+    ) -> Result<Lua, Raised> {
+        let argv = |i: usize| args.get(i - 1).copied();
         match script {
-            Script::Release => self.release_cached = true,
-            Script::Extend => self.extend_cached = true,
+            // if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1])
+            // else return 0 end
+            Script::Release => {
+                let key = keys.first().copied();
+                if !lua_same(self.call_get(db, key, now_ms)?.as_deref(), argv(1)) {
+                    return Ok(Lua::Number(0.0));
+                }
+                Ok(Lua::Number(self.call_del(db, key, now_ms)? as f64))
+            }
+            // if redis.call("get",KEYS[1]) == ARGV[1] then return
+            // redis.call("pexpire",KEYS[1],ARGV[2]) else return 0 end
+            Script::Extend => {
+                let key = keys.first().copied();
+                if !lua_same(self.call_get(db, key, now_ms)?.as_deref(), argv(1)) {
+                    return Ok(Lua::Number(0.0));
+                }
+                let done = self.call_pexpire(db, key, argv(2), now_ms)?;
+                Ok(Lua::Number(f64::from(u8::from(done))))
+            }
+            Script::Acquire => self.acquire(db, keys, args, now_ms),
+            Script::Fence => self.fence(db, keys, args, now_ms),
+            // local n=0 for i=1,#KEYS do if redis.call("get",KEYS[i])==ARGV[1] then
+            // redis.call("del",KEYS[i]) n=n+1 end end if n==#KEYS then return 1 end return 0
+            Script::ReleaseAll => {
+                let mut n = 0;
+                for &key in keys {
+                    if lua_same(self.call_get(db, Some(key), now_ms)?.as_deref(), argv(1)) {
+                        self.call_del(db, Some(key), now_ms)?;
+                        n += 1;
+                    }
+                }
+                Ok(Lua::Number(if n == keys.len() { 1.0 } else { 0.0 }))
+            }
+            // for i=1,#KEYS do if redis.call("get",KEYS[i])~=ARGV[1] then return 0 end end
+            // for i=1,#KEYS do redis.call("pexpire",KEYS[i],ARGV[2]) end return 1
+            Script::ExtendAll => {
+                for &key in keys {
+                    if !lua_same(self.call_get(db, Some(key), now_ms)?.as_deref(), argv(1)) {
+                        return Ok(Lua::Number(0.0));
+                    }
+                }
+                for &key in keys {
+                    self.call_pexpire(db, Some(key), argv(2), now_ms)?;
+                }
+                Ok(Lua::Number(1.0))
+            }
         }
+    }
+
+    /// `ACQUIRE`, with `n` lock keys then fence counters:
+    ///
+    /// ```lua
+    /// local n=tonumber(ARGV[3])
+    /// for i=1,n do if redis.call("exists",KEYS[i])==1 then return false end end
+    /// for i=1,n do redis.call("set",KEYS[i],ARGV[1],"px",ARGV[2]) end
+    /// if #KEYS==n then return redis.status_reply("OK") end
+    /// local m=0
+    /// for i=n+1,#KEYS do local c=tonumber(redis.call("get",KEYS[i]))
+    ///   if c and c>m then m=c end end
+    /// return m
+    /// ```
+    fn acquire(
+        &mut self,
+        db: usize,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        now_ms: i64,
+    ) -> Result<Lua, Raised> {
+        // Its first use is as a `for` limit: nil fails there.
+        let Some(n) = args.get(2).and_then(|a| lua_tonumber(a)) else {
+            return Err(lua_error("'for' limit must be a number"));
+        };
+        for i in lua_for(1.0, n) {
+            if self.call_exists(db, lua_index(keys, i), now_ms)? {
+                return Ok(Lua::False);
+            }
+        }
+        let (token, ttl) = (args.first().copied(), args.get(1).copied());
+        for i in lua_for(1.0, n) {
+            let set = [lua_index(keys, i), token, Some(&b"px"[..]), ttl];
+            self.call_set(db, &set, now_ms)?;
+        }
+        if keys.len() as f64 == n {
+            return Ok(Lua::Ok);
+        }
+        let mut m = 0.0;
+        for i in lua_for(n + 1.0, keys.len() as f64) {
+            let value = self.call_get(db, lua_index(keys, i), now_ms)?;
+            // `c>m` is false for NaN: a counter reading `nan` is skipped too.
+            if let Some(c) = value.and_then(|v| lua_tonumber(&v)).filter(|&c| c > m) {
+                m = c;
+            }
+        }
+        Ok(Lua::Number(m))
+    }
+
+    /// `FENCE`, raising each counter in `KEYS` to `ARGV[1]`:
+    ///
+    /// ```lua
+    /// local f=tonumber(ARGV[1])
+    /// for i=1,#KEYS do local c=tonumber(redis.call("get",KEYS[i]))
+    ///   if not c or c<f then redis.call("set",KEYS[i],ARGV[1]) end end
+    /// return 1
+    /// ```
+    fn fence(
+        &mut self,
+        db: usize,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        now_ms: i64,
+    ) -> Result<Lua, Raised> {
+        let raw = args.first().copied();
+        let f = raw.and_then(lua_tonumber);
+        for &key in keys {
+            let c = self
+                .call_get(db, Some(key), now_ms)?
+                .and_then(|v| lua_tonumber(&v));
+            let lower = match (c, f) {
+                // `not c` short-circuits: a missing or non-numeric counter is written
+                // without comparing, whatever `ARGV[1]` is.
+                (None, _) => true,
+                (Some(c), Some(f)) => c < f,
+                (Some(_), None) => return Err(lua_error("attempt to compare number with nil")),
+            };
+            if lower {
+                // The text as given, not the number: `0x10` is stored as `0x10`.
+                self.call_set(db, &[Some(key), raw], now_ms)?;
+            }
+        }
+        Ok(Lua::Number(1.0))
+    }
+
+    /// `redis.call("get",key)`: the value, or `None` for Lua's `false` (no such key).
+    fn call_get(
+        &mut self,
+        db: usize,
+        key: Option<&[u8]>,
+        now_ms: i64,
+    ) -> Result<Option<Vec<u8>>, Raised> {
+        let key = lua_arg(key)?;
+        Ok(self.lookup(db, key, now_ms).map(|e| e.value.clone()))
+    }
+
+    /// `redis.call("exists",key)==1`.
+    fn call_exists(&mut self, db: usize, key: Option<&[u8]>, now_ms: i64) -> Result<bool, Raised> {
+        let key = lua_arg(key)?;
+        Ok(self.lookup(db, key, now_ms).is_some())
+    }
+
+    /// `redis.call("del",key)`: how many it deleted.
+    fn call_del(&mut self, db: usize, key: Option<&[u8]>, now_ms: i64) -> Result<i64, Raised> {
+        let key = lua_arg(key)?;
+        if self.lookup(db, key, now_ms).is_none() {
+            return Ok(0);
+        }
+        self.dbs[db].remove(key);
+        Ok(1)
+    }
+
+    /// `redis.call("set",…)` with these arguments after `set`: every one is checked for nil
+    /// before the command runs, as Redis converts them all first.
+    fn call_set(&mut self, db: usize, args: &[Option<&[u8]>], now_ms: i64) -> Result<(), Raised> {
+        let mut argv: Vec<&[u8]> = vec![b"set"];
+        for &a in args {
+            argv.push(lua_arg(a)?);
+        }
+        // The scripts never pass NX or XX, so it cannot be refused.
+        self.set(db, &argv, now_ms)
+            .map(drop)
+            .map_err(<[u8]>::to_vec)
+    }
+
+    /// `redis.call("pexpire",key,ms)`: whether it applied.
+    fn call_pexpire(
+        &mut self,
+        db: usize,
+        key: Option<&[u8]>,
+        ms: Option<&[u8]>,
+        now_ms: i64,
+    ) -> Result<bool, Raised> {
+        let (key, ms) = (lua_arg(key)?, lua_arg(ms)?);
+        self.pexpire(db, key, ms, &[], now_ms)
     }
 
     fn script(&mut self, argv: &[&[u8]], out: &mut Vec<u8>) {
@@ -1050,8 +1398,7 @@ impl SimNode {
                     err(out, b"ERR SCRIPT FLUSH only support SYNC|ASYNC option")
                 }
                 _ => {
-                    self.release_cached = false;
-                    self.extend_cached = false;
+                    self.scripts.clear();
                     simple(out, b"OK");
                 }
             }
@@ -1064,13 +1411,10 @@ impl SimNode {
             }
             match Script::by_text(argv[2]) {
                 Some(s) => {
-                    self.cache(s);
+                    self.scripts.insert(s);
                     bulk(out, s.sha());
                 }
-                None => err(
-                    out,
-                    b"ERR sim: only the release and extend scripts are modelled",
-                ),
+                None => err(out, b"ERR sim: only the client's scripts are modelled"),
             }
         } else if sub.eq_ignore_ascii_case(b"EXISTS") {
             if argv.len() < 3 {
@@ -1614,7 +1958,7 @@ mod tests {
             ),
             (
                 &[b"EVAL", b"return 1", b"0"],
-                b"-ERR sim: only the release and extend scripts are modelled\r\n",
+                b"-ERR sim: only the client's scripts are modelled\r\n",
             ),
             (&[b"EVALSHA", b"abc", b"0"], NOSCRIPT),
         ];
@@ -2189,8 +2533,13 @@ mod tests {
 
     /// One chunk of hostile input: noise, valid commands, or valid commands mangled.
     fn chunk(rng: &mut fastrand::Rng) -> Vec<u8> {
-        let cmds: [Vec<&[u8]>; 12] = [
+        let cmds: [Vec<&[u8]>; 17] = [
             vec![b"PING"],
+            vec![b"EVAL", ACQUIRE, b"2", b"k", b"f", b"t1", b"5", b"1"],
+            vec![b"EVALSHA", ACQUIRE_SHA, b"1", b"k", b"t2", b"50", b"x"],
+            vec![b"EVAL", FENCE, b"1", b"f", b"9"],
+            vec![b"EVAL", RELEASE_ALL, b"2", b"k", b"f", b"t1"],
+            vec![b"EVAL", EXTEND_ALL, b"1", b"k", b"t2", b"-1"],
             vec![b"SET", b"k", b"t1", b"NX", b"PX", b"5"],
             vec![b"SET", b"k", b"t2", b"NX", b"PX", b"100"],
             vec![b"GET", b"k"],
@@ -2263,6 +2612,491 @@ mod tests {
                     assert_eq!(n.value(k.db, &k.key, now), Some(&k.value[..]));
                 }
             }
+        }
+    }
+
+    /// `verb` (`EVAL` with a script's text, `EVALSHA` with its digest) of `keys` and `args`.
+    fn script_req(verb: &[u8], body: &[u8], keys: &[&[u8]], args: &[&[u8]]) -> Vec<u8> {
+        let numkeys = keys.len().to_string();
+        let mut v: Vec<&[u8]> = vec![verb, body, numkeys.as_bytes()];
+        v.extend_from_slice(keys);
+        v.extend_from_slice(args);
+        req(&v)
+    }
+
+    /// Runs `EVAL` of `script` with several keys on `conn`; returns its reply.
+    fn eval_all(
+        node: &mut SimNode,
+        conn: ConnId,
+        script: &[u8],
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        now: SimTime,
+    ) -> Vec<u8> {
+        run_raw(node, conn, &script_req(b"EVAL", script, keys, args), now)
+    }
+
+    fn evalsha_all(
+        node: &mut SimNode,
+        conn: ConnId,
+        sha: &[u8],
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        now: SimTime,
+    ) -> Vec<u8> {
+        run_raw(node, conn, &script_req(b"EVALSHA", sha, keys, args), now)
+    }
+
+    /// The error reply of a script that raised `msg`, as Redis 7 words it.
+    fn raised(msg: &str, sha: &[u8]) -> String {
+        format!("-{msg} script: {}, on @user_script:1.\r\n", text(sha))
+    }
+
+    const ARGS_NIL: &str = "ERR Lua redis lib command arguments must be strings or integers";
+
+    fn pttl(node: &mut SimNode, conn: ConnId, key: &[u8], now: SimTime) -> Vec<u8> {
+        run(node, conn, &[b"PTTL", key], now)
+    }
+
+    #[test]
+    fn acquire_takes_every_key_or_none() {
+        let mut n = SimNode::new(18);
+        let c = n.accept();
+        let t = 3 * MS;
+        let ours: [&[u8]; 3] = [b"tok", b"5000", b"2"];
+        assert_eq!(
+            eval_all(&mut n, c, ACQUIRE, &[b"a", b"b"], &ours, t),
+            b"+OK\r\n"
+        );
+        let held = |key: &[u8], pttl_ms| KeyView {
+            db: 0,
+            key: key.to_vec(),
+            value: b"tok".to_vec(),
+            pttl_ms: Some(pttl_ms),
+        };
+        assert_eq!(n.keys(t), vec![held(b"a", 5000), held(b"b", 5000)]);
+        // One key taken, first or last: nil, and no other key is created.
+        let theirs: [&[u8]; 3] = [b"other", b"5000", b"2"];
+        for keys in [[&b"a"[..], b"c"], [b"c", b"b"]] {
+            assert_eq!(
+                eval_all(&mut n, c, ACQUIRE, &keys, &theirs, t + MS),
+                b"$-1\r\n"
+            );
+            assert_eq!(n.value(0, b"c", t + MS), None, "{keys:?}");
+        }
+        assert_eq!(n.keys(t + MS), vec![held(b"a", 4999), held(b"b", 4999)]);
+        // Expiry on the node clock: set at 3 ms with PX 5000, the keys live through 5003 ms
+        // and are missing for ACQUIRE from 5004 ms on.
+        let last = 5004 * MS - 1;
+        assert_eq!(
+            eval_all(&mut n, c, ACQUIRE, &[b"a", b"c"], &theirs, last),
+            b"$-1\r\n"
+        );
+        let gone = 5004 * MS;
+        assert_eq!(
+            eval_all(&mut n, c, ACQUIRE, &[b"a", b"c"], &theirs, gone),
+            b"+OK\r\n"
+        );
+        assert_eq!(n.value(0, b"a", gone), Some(&b"other"[..]));
+        assert_eq!(pttl(&mut n, c, b"c", gone), b":5000\r\n");
+        assert_eq!(n.value(0, b"b", gone), None);
+    }
+
+    #[test]
+    fn acquire_errors_as_its_lua_raises_them() {
+        let mut n = SimNode::new(19);
+        let c = n.accept();
+        let sha = ACQUIRE_SHA;
+        let limit = raised("ERR user_script:1: 'for' limit must be a number", sha);
+        // No count, or one tonumber rejects: the first `for` fails.
+        for args in [
+            &[&b"tok"[..], b"100"][..],
+            &[b"tok", b"100", b"two"],
+            &[b"tok"],
+        ] {
+            assert_eq!(text(&eval_all(&mut n, c, ACQUIRE, &[b"q"], args, 0)), limit);
+        }
+        // More lock keys than KEYS: `exists` of nil, unless a taken key answers first.
+        let three: [&[u8]; 3] = [b"tok", b"100", b"3"];
+        let reply = eval_all(&mut n, c, ACQUIRE, &[b"q", b"r"], &three, 0);
+        assert_eq!(text(&reply), raised(ARGS_NIL, sha));
+        run(&mut n, c, &[b"SET", b"r", b"x"], 0);
+        assert_eq!(
+            eval_all(&mut n, c, ACQUIRE, &[b"q", b"r"], &three, 0),
+            b"$-1\r\n"
+        );
+        // A bad ttl fails in the first SET: nothing is written.
+        let reply = eval_all(&mut n, c, ACQUIRE, &[b"q"], &[b"tok", b"soon", b"1"], 0);
+        assert_eq!(
+            text(&reply),
+            raised("ERR value is not an integer or out of range", sha)
+        );
+        let reply = eval_all(&mut n, c, ACQUIRE, &[b"q"], &[b"tok", b"0", b"1"], 0);
+        assert_eq!(
+            text(&reply),
+            raised("ERR invalid expire time in 'set' command", sha)
+        );
+        let reply = eval_all(&mut n, c, ACQUIRE, &[b"q"], &[b"tok"], 0);
+        assert_eq!(text(&reply), limit, "the count is read before the ttl");
+        assert_eq!(n.value(0, b"q", 0), None);
+        // The count is a Lua number: 1.5 takes KEYS[1], then no counter is whole: 0.
+        let half: [&[u8]; 3] = [b"tok", b"100", b"1.5"];
+        assert_eq!(
+            eval_all(&mut n, c, ACQUIRE, &[b"q", b"s"], &half, 0),
+            b":0\r\n"
+        );
+        assert_eq!(n.value(0, b"q", 0), Some(&b"tok"[..]));
+        assert_eq!(n.value(0, b"s", 0), None);
+        // A count below 1 locks nothing; the counters then start at KEYS[n+1].
+        run(&mut n, c, &[b"SET", b"f", b"4"], 0);
+        let zero: [&[u8]; 3] = [b"tok", b"100", b"0"];
+        assert_eq!(eval_all(&mut n, c, ACQUIRE, &[b"f"], &zero, 0), b":4\r\n");
+        assert_eq!(eval_all(&mut n, c, ACQUIRE, &[], &zero, 0), b"+OK\r\n");
+        let minus: [&[u8]; 3] = [b"tok", b"100", b"-1"];
+        let reply = eval_all(&mut n, c, ACQUIRE, &[b"f"], &minus, 0);
+        assert_eq!(text(&reply), raised(ARGS_NIL, sha), "KEYS[0] is nil");
+        assert_eq!(n.value(0, b"f", 0), Some(&b"4"[..]));
+    }
+
+    #[test]
+    fn fenced_acquire_answers_the_largest_counter() {
+        let mut n = SimNode::new(20);
+        let c = n.accept();
+        let one: [&[u8]; 3] = [b"tok", b"5000", b"1"];
+        let two: [&[u8]; 3] = [b"tok", b"5000", b"2"];
+        // No counter yet: 0.
+        assert_eq!(
+            eval_all(&mut n, c, ACQUIRE, &[b"x", b"fx"], &one, 0),
+            b":0\r\n"
+        );
+        assert_eq!(
+            n.value(0, b"fx", 0),
+            None,
+            "reading a counter does not create it"
+        );
+        assert_eq!(eval_all(&mut n, c, FENCE, &[b"fx"], &[b"7"], 0), b":1\r\n");
+        assert_eq!(eval_all(&mut n, c, FENCE, &[b"fx"], &[b"5"], 0), b":1\r\n");
+        assert_eq!(run(&mut n, c, &[b"GET", b"fx"], 0), b"$1\r\n7\r\n");
+        let keys: [&[u8]; 4] = [b"y", b"z", b"fx", b"fz"];
+        assert_eq!(eval_all(&mut n, c, ACQUIRE, &keys, &two, 0), b":7\r\n");
+        assert_eq!(n.value(0, b"z", 0), Some(&b"tok"[..]));
+        assert_eq!(
+            pttl(&mut n, c, b"fx", 0),
+            b":-1\r\n",
+            "counters are only read"
+        );
+        // Taken: nil, counters or not.
+        assert_eq!(
+            eval_all(&mut n, c, ACQUIRE, &[b"y", b"fx"], &one, 0),
+            b"$-1\r\n"
+        );
+        // The largest counter wins; what tonumber rejects is skipped; a fraction truncates.
+        let read = |n: &mut SimNode, lock: &[u8], fz: &[u8]| {
+            run(n, c, &[b"SET", b"fz", fz], 0);
+            eval_all(n, c, ACQUIRE, &[lock, b"fx", b"fz"], &one, 0)
+        };
+        assert_eq!(read(&mut n, b"l1", b" 9 "), b":9\r\n");
+        assert_eq!(read(&mut n, b"l2", b"abc"), b":7\r\n");
+        assert_eq!(read(&mut n, b"l3", b"7.9"), b":7\r\n");
+        assert_eq!(read(&mut n, b"l4", b"8.9"), b":8\r\n");
+        assert_eq!(read(&mut n, b"l5", b"0x10"), b":16\r\n");
+        assert_eq!(read(&mut n, b"l6", b"1e3"), b":1000\r\n");
+        assert_eq!(read(&mut n, b"l7", b"-50"), b":7\r\n");
+        assert_eq!(read(&mut n, b"l8", b"nan"), b":7\r\n");
+        // Out of i64's range, Redis's cast gives i64::MIN (on x86-64).
+        assert_eq!(read(&mut n, b"l9", b"inf"), b":-9223372036854775808\r\n");
+        // An expired counter is missing.
+        run(&mut n, c, &[b"SET", b"fz", b"99", b"PX", b"10"], 0);
+        let reply = eval_all(&mut n, c, ACQUIRE, &[b"m", b"fz"], &one, 11 * MS);
+        assert_eq!(reply, b":0\r\n");
+    }
+
+    #[test]
+    fn fence_only_raises() {
+        let mut n = SimNode::new(21);
+        let c = n.accept();
+        let fence =
+            |n: &mut SimNode, keys: &[&[u8]], f: &[u8]| eval_all(n, c, FENCE, keys, &[f], 0);
+        // A lower counter is raised and a missing one created, neither with an expiry.
+        run(&mut n, c, &[b"SET", b"c1", b"3", b"PX", b"10000"], 0);
+        assert_eq!(fence(&mut n, &[b"c1", b"c2"], b"5"), b":1\r\n");
+        for key in [b"c1", b"c2"] {
+            assert_eq!(n.value(0, key, 0), Some(&b"5"[..]));
+            assert_eq!(pttl(&mut n, c, key, 0), b":-1\r\n");
+        }
+        // Never lowered, nor rewritten when equal.
+        assert_eq!(fence(&mut n, &[b"c1"], b"4"), b":1\r\n");
+        assert_eq!(n.value(0, b"c1", 0), Some(&b"5"[..]));
+        // The text is stored as given, and compared as a number.
+        assert_eq!(fence(&mut n, &[b"c1"], b"0x10"), b":1\r\n");
+        assert_eq!(fence(&mut n, &[b"c1"], b"16"), b":1\r\n");
+        assert_eq!(n.value(0, b"c1", 0), Some(&b"0x10"[..]));
+        assert_eq!(fence(&mut n, &[b"c1"], b"16.5"), b":1\r\n");
+        assert_eq!(n.value(0, b"c1", 0), Some(&b"16.5"[..]));
+        // A counter that is not a number is overwritten.
+        run(&mut n, c, &[b"SET", b"c3", b"junk"], 0);
+        assert_eq!(fence(&mut n, &[b"c3"], b"2"), b":1\r\n");
+        assert_eq!(n.value(0, b"c3", 0), Some(&b"2"[..]));
+        assert_eq!(fence(&mut n, &[], b"2"), b":1\r\n");
+        // A fence that is not a number: Lua compares a number with nil and raises, after
+        // the writes to missing counters before it (they need no comparison).
+        let compare = raised(
+            "ERR user_script:1: attempt to compare number with nil",
+            FENCE_SHA,
+        );
+        assert_eq!(text(&fence(&mut n, &[b"c4", b"c1"], b"abc")), compare);
+        assert_eq!(n.value(0, b"c4", 0), Some(&b"abc"[..]));
+        assert_eq!(n.value(0, b"c1", 0), Some(&b"16.5"[..]));
+        // No ARGV[1]: the same on a numeric counter; SET of nil on a missing one.
+        assert_eq!(text(&eval_all(&mut n, c, FENCE, &[b"c1"], &[], 0)), compare);
+        let reply = eval_all(&mut n, c, FENCE, &[b"c5"], &[], 0);
+        assert_eq!(text(&reply), raised(ARGS_NIL, FENCE_SHA));
+        assert_eq!(n.value(0, b"c5", 0), None);
+    }
+
+    #[test]
+    fn release_all_deletes_ours_and_answers_whether_all_were() {
+        let mut n = SimNode::new(22);
+        let c = n.accept();
+        run(&mut n, c, &[b"SET", b"a", b"tok"], 0);
+        run(&mut n, c, &[b"SET", b"b", b"other"], 0);
+        // Partial: 0, but ours is deleted all the same.
+        let keys: [&[u8]; 3] = [b"a", b"b", b"m"];
+        assert_eq!(
+            eval_all(&mut n, c, RELEASE_ALL, &keys, &[b"tok"], 0),
+            b":0\r\n"
+        );
+        assert_eq!(n.value(0, b"a", 0), None);
+        assert_eq!(n.value(0, b"b", 0), Some(&b"other"[..]));
+        assert_eq!(eval_all(&mut n, c, RELEASE_ALL, &[b"b"], &[], 0), b":0\r\n");
+        assert_eq!(
+            eval_all(&mut n, c, RELEASE_ALL, &[b"b"], &[b"other"], 0),
+            b":1\r\n"
+        );
+        assert_eq!(n.keys(0), vec![]);
+        // Every one ours: 1; a key named twice is gone the second time.
+        run(&mut n, c, &[b"SET", b"a", b"tok", b"PX", b"100"], 0);
+        run(&mut n, c, &[b"SET", b"b", b"tok", b"PX", b"100"], 0);
+        assert_eq!(
+            eval_all(&mut n, c, RELEASE_ALL, &[b"a", b"b"], &[b"tok"], 0),
+            b":1\r\n"
+        );
+        run(&mut n, c, &[b"SET", b"d", b"tok"], 0);
+        assert_eq!(
+            eval_all(&mut n, c, RELEASE_ALL, &[b"d", b"d"], &[b"tok"], 0),
+            b":0\r\n"
+        );
+        assert_eq!(n.keys(0), vec![]);
+        // Expired on the node clock: not there to release.
+        run(&mut n, c, &[b"SET", b"e", b"tok", b"PX", b"10"], 0);
+        let reply = eval_all(&mut n, c, RELEASE_ALL, &[b"e"], &[b"tok"], 11 * MS);
+        assert_eq!(reply, b":0\r\n");
+        // No keys: all of none were deleted.
+        assert_eq!(eval_all(&mut n, c, RELEASE_ALL, &[], &[], 0), b":1\r\n");
+    }
+
+    #[test]
+    fn extend_all_extends_every_key_or_none() {
+        let mut n = SimNode::new(23);
+        let c = n.accept();
+        for (key, value) in [(b"a", b"tok"), (b"b", b"tok"), (b"o", b"oth")] {
+            run(&mut n, c, &[b"SET", key, value, b"PX", b"1000"], 0);
+        }
+        let t = 100 * MS;
+        let extend = |n: &mut SimNode, keys: &[&[u8]], args: &[&[u8]]| {
+            eval_all(n, c, EXTEND_ALL, keys, args, t)
+        };
+        let ttls = |n: &mut SimNode| n.keys(t).iter().map(|k| k.pttl_ms).collect::<Vec<_>>();
+        let untouched = vec![Some(900); 3];
+        // One not ours, or missing: 0, and no expiry changed.
+        assert_eq!(extend(&mut n, &[b"a", b"o"], &[b"tok", b"5000"]), b":0\r\n");
+        assert_eq!(extend(&mut n, &[b"a", b"m"], &[b"tok", b"5000"]), b":0\r\n");
+        assert_eq!(extend(&mut n, &[b"a", b"b"], &[]), b":0\r\n");
+        assert_eq!(ttls(&mut n), untouched);
+        // A bad ttl raises in the first PEXPIRE: nothing changed either.
+        let reply = extend(&mut n, &[b"a", b"b"], &[b"tok", b"soon"]);
+        let sha = EXTEND_ALL_SHA;
+        assert_eq!(
+            text(&reply),
+            raised("ERR value is not an integer or out of range", sha)
+        );
+        let reply = extend(&mut n, &[b"a", b"b"], &[b"tok"]);
+        assert_eq!(text(&reply), raised(ARGS_NIL, sha));
+        let reply = extend(&mut n, &[b"a", b"b"], &[b"tok", b"9223372036854775807"]);
+        assert_eq!(
+            text(&reply),
+            raised("ERR invalid expire time in 'pexpire' command", sha)
+        );
+        assert_eq!(ttls(&mut n), untouched);
+        // All ours: every expiry is the new one, on the node clock.
+        assert_eq!(extend(&mut n, &[b"a", b"b"], &[b"tok", b"5000"]), b":1\r\n");
+        assert_eq!(ttls(&mut n), vec![Some(5000), Some(5000), Some(900)]);
+        assert_eq!(n.value(0, b"a", 5101 * MS - 1), Some(&b"tok"[..]));
+        assert_eq!(n.value(0, b"b", 5101 * MS), None);
+        // No keys: 1. A ttl of 0 deletes, and counts as extended (PEXPIRE's answer).
+        assert_eq!(extend(&mut n, &[], &[]), b":1\r\n");
+        assert_eq!(
+            extend(&mut n, &[b"a", b"a", b"b"], &[b"tok", b"0"]),
+            b":1\r\n"
+        );
+        assert_eq!(n.value(0, b"a", t), None);
+        assert_eq!(n.value(0, b"b", t), None);
+    }
+
+    #[test]
+    fn the_new_scripts_need_eval_before_evalsha_and_flush_and_restart_forget_them() {
+        let mut n = SimNode::new(24);
+        let c = n.accept();
+        let now = 0;
+        run(&mut n, c, &[b"SET", b"r", b"tok"], now);
+        run(&mut n, c, &[b"SET", b"e", b"tok"], now);
+        /// A script, its digest, KEYS, ARGV, and what it answers once cached.
+        type Case = (
+            &'static [u8],
+            &'static [u8; 40],
+            &'static [&'static [u8]],
+            &'static [&'static [u8]],
+            &'static [u8],
+        );
+        let cases: [Case; 4] = [
+            (
+                ACQUIRE,
+                ACQUIRE_SHA,
+                &[b"k"],
+                &[b"tok", b"100", b"1"],
+                b"$-1\r\n",
+            ),
+            (FENCE, FENCE_SHA, &[b"f"], &[b"3"], b":1\r\n"),
+            (RELEASE_ALL, RELEASE_ALL_SHA, &[b"r"], &[b"tok"], b":0\r\n"),
+            (
+                EXTEND_ALL,
+                EXTEND_ALL_SHA,
+                &[b"e"],
+                &[b"tok", b"700"],
+                b":1\r\n",
+            ),
+        ];
+        let shas: Vec<&[u8]> = cases.iter().map(|case| &case.1[..]).collect();
+        let exists = [&[&b"SCRIPT"[..], b"EXISTS"][..], &shas].concat();
+        for (body, sha, keys, args, _) in cases {
+            let before = n.keys(now);
+            assert_eq!(evalsha_all(&mut n, c, sha, keys, args, now), NOSCRIPT);
+            assert_eq!(n.keys(now), before, "NOSCRIPT ran nothing");
+            assert!(!n.script_cached(sha));
+            // EVAL runs it (the key `k` is free for ACQUIRE, then taken) and caches it.
+            let first = eval_all(&mut n, c, body, keys, args, now);
+            assert!(!first.starts_with(b"-"), "{}", text(&first));
+            assert!(n.script_cached(sha));
+        }
+        assert_eq!(n.value(0, b"r", now), None, "RELEASE_ALL ran once");
+        for (_, sha, keys, args, want) in cases {
+            assert_eq!(evalsha_all(&mut n, c, sha, keys, args, now), want);
+            let upper = sha.to_ascii_uppercase();
+            assert_eq!(evalsha_all(&mut n, c, &upper, keys, args, now), want);
+        }
+        assert_eq!(pttl(&mut n, c, b"e", now), b":700\r\n");
+        assert_eq!(
+            run(&mut n, c, &exists, now),
+            b"*4\r\n:1\r\n:1\r\n:1\r\n:1\r\n"
+        );
+        // SCRIPT FLUSH forgets them all.
+        assert_eq!(run(&mut n, c, &[b"SCRIPT", b"FLUSH"], now), b"+OK\r\n");
+        assert_eq!(
+            run(&mut n, c, &exists, now),
+            b"*4\r\n:0\r\n:0\r\n:0\r\n:0\r\n"
+        );
+        for (_, sha, keys, args, _) in cases {
+            assert_eq!(evalsha_all(&mut n, c, sha, keys, args, now), NOSCRIPT);
+        }
+        // SCRIPT LOAD caches without running; a restart forgets again.
+        for (body, sha, ..) in cases {
+            let loaded = run(&mut n, c, &[b"SCRIPT", b"LOAD", body], now);
+            assert_eq!(loaded, [&b"$40\r\n"[..], sha, b"\r\n"].concat());
+        }
+        assert_eq!(pttl(&mut n, c, b"e", now), b":700\r\n");
+        assert_eq!(
+            run(&mut n, c, &exists, now),
+            b"*4\r\n:1\r\n:1\r\n:1\r\n:1\r\n"
+        );
+        let (_, sha, keys, args, _) = cases[0];
+        assert_eq!(evalsha_all(&mut n, c, sha, keys, args, now), b"$-1\r\n");
+        n.restart(now);
+        let d = n.accept();
+        for (_, sha, keys, args, _) in cases {
+            assert_eq!(evalsha_all(&mut n, d, sha, keys, args, now), NOSCRIPT);
+        }
+        assert_eq!(
+            run(&mut n, d, &exists, now),
+            b"*4\r\n:0\r\n:0\r\n:0\r\n:0\r\n"
+        );
+        assert_eq!(n.keys(now), vec![]);
+    }
+
+    #[test]
+    fn lua_numbers_read_and_reply_as_in_redis() {
+        // Each pinned against `redis-server` 7.0.15 (`tostring(tonumber(ARGV[1]))`).
+        let cases: [(&[u8], Option<f64>); 36] = [
+            (b"8", Some(8.0)),
+            (b"-5", Some(-5.0)),
+            (b"+3", Some(3.0)),
+            (b"7.9", Some(7.9)),
+            (b"-7.9", Some(-7.9)),
+            (b"1.", Some(1.0)),
+            (b".5e1", Some(5.0)),
+            (b"1e3", Some(1000.0)),
+            (b"1e400", Some(f64::INFINITY)),
+            (b"1e-400", Some(0.0)),
+            (b"99999999999999999999", Some(1e20)),
+            (b" 9 ", Some(9.0)),
+            (b"\t 42\r\n", Some(42.0)),
+            (b"\x0b12\x0c", Some(12.0)),
+            (b"12\0zz", Some(12.0)),
+            (b"0x10", Some(16.0)),
+            (b"0X1F", Some(31.0)),
+            (b" -0x10 ", Some(-16.0)),
+            (b"+0x10", Some(16.0)),
+            (b"0x1p4", Some(16.0)),
+            (b"0x1p+4", Some(16.0)),
+            (b"0x1P-2", Some(0.25)),
+            (b"0x1.8p1", Some(3.0)),
+            (b"0x.8p1", Some(1.0)),
+            (b"INFINITY", Some(f64::INFINITY)),
+            (b"inf", Some(f64::INFINITY)),
+            (b"", None),
+            (b" ", None),
+            (b".", None),
+            (b"abc", None),
+            (b"0x", None),
+            (b"0x1p", None),
+            (b"1e", None),
+            (b"--5", None),
+            (b"+-5", None),
+            (b"1_0", None),
+        ];
+        for (s, want) in cases {
+            assert_eq!(lua_tonumber(s), want, "{:?}", text(s));
+        }
+        for s in [&b"nan"[..], b"-nan", b"nan()", b"NaN(a_1)"] {
+            assert!(lua_tonumber(s).is_some_and(f64::is_nan), "{}", text(s));
+        }
+        for s in [&b"nan(-)"[..], b"0xg", b"1e5x", "\u{ff11}".as_bytes()] {
+            assert_eq!(lua_tonumber(s), None, "{}", text(s));
+        }
+        assert_eq!(lua_integer(7.9), 7);
+        assert_eq!(lua_integer(-7.9), -7);
+        assert_eq!(lua_integer(9.007_199_254_740_992e15), 9_007_199_254_740_992);
+        for x in [f64::INFINITY, f64::NAN, 1.5e19, -1e19] {
+            assert_eq!(lua_integer(x), i64::MIN, "{x}");
+        }
+        // Lua's `for` over doubles, and KEYS indexed by them.
+        let v: Vec<f64> = lua_for(1.0, 2.5).collect();
+        assert_eq!(v, [1.0, 2.0]);
+        assert_eq!(lua_for(1.0, f64::NAN).count(), 0);
+        assert_eq!(lua_for(2.5, 2.0).count(), 0);
+        let keys: [&[u8]; 2] = [b"a", b"b"];
+        assert_eq!(lua_index(&keys, 2.0), Some(&b"b"[..]));
+        for i in [0.0, 1.5, 3.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert_eq!(lua_index(&keys, i), None, "{i}");
         }
     }
 }
