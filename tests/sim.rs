@@ -89,7 +89,7 @@ fn report(what: &str, s: &Stats, secs: f64) {
          {} restarts, {} unsafe restarts, {} slow links, {} reply spikes, {} partial writes, \
          {} split reads; releases owed: {} sent, {} excused by a broken connection; max \
          buffer growth {} B; overlaps {} (first at seed {:?}); yes votes held by the restart \
-         guard {}",
+         guard {}; fenced locks {} ({} write-backs failed), fence order lost to restarts {}",
         s.scenarios,
         s.scenarios as f64 / secs,
         s.steps,
@@ -119,6 +119,9 @@ fn report(what: &str, s: &Stats, secs: f64) {
         s.overlaps,
         s.overlap_seed,
         s.guard_held,
+        s.fenced,
+        s.fence_failed,
+        s.fence_order_lost,
     );
 }
 
@@ -159,6 +162,7 @@ fn scenarios() {
     floor("round timeouts", s.round_timeouts, 80);
     floor("acquires held for deletes", s.held_acquires, 300);
     floor("releases seen sent", s.releases_sent, 30_000);
+    floor("fenced locks handed out", s.fenced, 600);
 }
 
 /// A seed is a whole scenario: run twice, it takes the same steps to the same counts.

@@ -30,7 +30,10 @@
 //!   `Engine::hold_until` as the driver does. The rules for a lock's validity are `Redlock::attempt`'s and
 //!   `Redlock::extend`'s (`quorum::safe_span`, `quorum::deadline`). Patient waiters and
 //!   abandoned locks put acquisitions right at the expiry boundary: a validity
-//!   overstated by 1 ms is caught within a few hundred seeds.
+//!   overstated by 1 ms is caught within a few hundred seeds. In half the scenarios the
+//!   clients take fenced locks, as `Redlock` does with fencing on: the acquire reads the
+//!   counters, the fence (largest counted counter + 1) is written back, and the lock is
+//!   used only if a majority confirmed it in time (else it is released).
 //!
 //! # Invariants, checked as the world runs (a violation panics with the seed)
 //!
@@ -46,12 +49,15 @@
 //! - Across all clients, no two validity windows of one resource overlap in global
 //!   time (windows mapped from each client's clock rounded outwards), in
 //!   [`Mode::Safe`]; in [`Mode::UnsafeRestart`] overlaps are counted instead.
+//! - Fences of one resource rise strictly in the order the locks were handed out, in
+//!   any scenario where no node restarted empty (one that did lost its counters: a lower
+//!   fence is then counted, the limit `src/fencing.rs` documents).
 
 use crate::check::{Hold, overlaps};
 use crate::node::{ConnId, SimNode, SimTime};
 use quorumlock::__private::core::command::{Command, encode};
 use quorumlock::__private::core::engine::{
-    Active, Engine, Item, Received, Request, Timing, Transport, chases,
+    Active, Engine, Fencing, Item, Received, Request, Timing, Transport, chases,
 };
 use quorumlock::__private::core::quorum::{
     acquired_until, deadline, extended_until, quorum, safe_span,
@@ -157,6 +163,14 @@ pub struct Stats {
     pub unsafe_restarts: u64,
     /// Yes votes the restart guard did not count ([`Mode::GuardedRestart`]).
     pub guard_held: u64,
+    /// Fenced locks handed out (their write-back confirmed in time).
+    pub fenced: u64,
+    /// Fenced acquires whose write-back was not confirmed in time (released).
+    pub fence_failed: u64,
+    /// Fenced locks whose fence was not above an earlier lock's on the resource, in a
+    /// scenario where a node restarted empty (counters are lost with it; see
+    /// `src/fencing.rs`). Without a restart, such a lock fails the scenario.
+    pub fence_order_lost: u64,
 }
 
 impl Stats {
@@ -191,6 +205,9 @@ impl Stats {
         };
         self.unsafe_restarts += o.unsafe_restarts;
         self.guard_held += o.guard_held;
+        self.fenced += o.fenced;
+        self.fence_failed += o.fence_failed;
+        self.fence_order_lost += o.fence_order_lost;
     }
 
     /// Faults injected, all kinds.
@@ -472,10 +489,16 @@ struct Client {
     items: [Item<'static>; 1],
     res: usize,
     phase: Phase,
+    /// What the current round does with fence counters.
+    fencing: Fencing,
     ttl_ms: u64,
     chase: u64,
     stage: Stage,
     lock: Option<Held>,
+    /// A lock won by a fenced acquire, waiting for its fence write-back: its fence.
+    fence: Option<u64>,
+    /// Takes fenced locks.
+    fenced: bool,
     ops_left: u32,
     attempt: u32,
     /// Close counts and sent positions when the current round began.
@@ -498,10 +521,14 @@ impl Client {
             ttl_ms,
             chase,
             stage,
+            fencing,
             ..
         } = self;
         if matches!(stage, Stage::Round { .. }) && !round.is_done() {
-            let req = Request::new(*phase, *ttl_ms, &items[..], *chase);
+            let req = Request {
+                fencing: *fencing,
+                ..Request::new(*phase, *ttl_ms, &items[..], *chase)
+            };
             let mut active = Active { round, req: &req };
             engine.on_event(transport, node, readable, closed, Some(&mut active));
         } else {
@@ -521,12 +548,16 @@ impl Client {
             ttl_ms,
             chase,
             stage,
+            fencing,
             ..
         } = self;
         if !matches!(stage, Stage::Round { .. }) || round.is_done() {
             return;
         }
-        let req = Request::new(*phase, *ttl_ms, &items[..], *chase);
+        let req = Request {
+            fencing: *fencing,
+            ..Request::new(*phase, *ttl_ms, &items[..], *chase)
+        };
         let mut active = Active { round, req: &req };
         let now = transport.instant();
         engine.release_held(transport, &mut active, now);
@@ -535,6 +566,11 @@ impl Client {
     fn begin(&mut self, phase: Phase, token: Token, chase: u64, node_timeout: Duration) {
         self.phase = phase;
         self.chase = chase;
+        self.fencing = match (phase, self.fenced, self.fence) {
+            (Phase::Acquire, true, _) => Fencing::Read,
+            (Phase::Fence, _, Some(fence)) => Fencing::Write(fence),
+            _ => Fencing::Off,
+        };
         self.items = [Item {
             key: RESOURCES[self.res],
             token,
@@ -550,9 +586,13 @@ impl Client {
             round,
             items,
             ttl_ms,
+            fencing,
             ..
         } = self;
-        let req = Request::new(phase, *ttl_ms, &items[..], chase);
+        let req = Request {
+            fencing: *fencing,
+            ..Request::new(phase, *ttl_ms, &items[..], chase)
+        };
         let mut active = Active { round, req: &req };
         engine.begin(transport, &mut active, start);
         let local_end = transport.local_of(start) + node_timeout.as_nanos() as SimTime;
@@ -613,6 +653,8 @@ pub struct World {
     owed: Vec<Owed>,
     stats: Stats,
     unsafe_done: bool,
+    /// Every fenced lock granted: (resource, global time it was granted, fence).
+    fences: Vec<(usize, SimTime, u64)>,
 }
 
 /// Notes every (resource, value) `node` holds at `now`.
@@ -654,8 +696,14 @@ impl World {
         } else {
             rng.usize(1..=RESOURCES.len())
         };
-        let ttl_ms = rng.u64(15..=40);
+        let mut ttl_ms = rng.u64(15..=40);
         let node_timeout = Duration::from_micros(rng.u64(2_000..=4_000));
+        // Half the scenarios take fenced locks; their ttl is at least 4 × node_timeout,
+        // as `Redlock` requires with fencing on.
+        let fencing = rng.bool();
+        if fencing {
+            ttl_ms = ttl_ms.max(4 * node_timeout.as_millis() as u64 + 1);
+        }
         let faulty = rng.u8(0..4) != 0;
         let p = |rng: &mut fastrand::Rng, p: f64| if faulty && rng.bool() { p } else { 0.0 };
         let p_partial_write = p(&mut rng, 0.2);
@@ -751,10 +799,13 @@ impl World {
                     }],
                     res: 0,
                     phase: Phase::Acquire,
+                    fencing: Fencing::Off,
                     ttl_ms,
                     chase: 0,
                     stage: Stage::Idle(rng.u64(0..8 * MS)),
                     lock: None,
+                    fence: None,
+                    fenced: fencing,
                     ops_left: rng.u32(1..=2),
                     attempt: 0,
                     round_closes: vec![0; n],
@@ -783,6 +834,7 @@ impl World {
             owed: Vec::new(),
             stats: Stats::default(),
             unsafe_done: false,
+            fences: Vec::new(),
         }
     }
 
@@ -848,6 +900,7 @@ impl World {
                 );
             }
         }
+        self.check_fences();
         let found = overlaps(&self.holds);
         if self.mode != Mode::UnsafeRestart {
             if let Some(o) = found.first() {
@@ -1288,9 +1341,20 @@ impl World {
                         extended: false,
                     });
                     c.attempt = 0;
+                    self.stats.locks += 1;
+                    if c.fenced {
+                        // The fence: the largest counter among the counted yes votes,
+                        // plus one, written back before the lock may be used.
+                        let counter = c.round.counter(0).unwrap_or_else(|| {
+                            panic!("seed {seed}: a fenced acquire won without a counter")
+                        });
+                        c.fence = Some(counter + 1);
+                        let token = c.items[0].token;
+                        c.begin(Phase::Fence, token, 0, self.node_timeout);
+                        return;
+                    }
                     let hold_for = c.rng.u64(0..safe.as_nanos() as SimTime * 6 / 5);
                     c.stage = Stage::Holding(now + hold_for);
-                    self.stats.locks += 1;
                     return;
                 }
                 match decision {
@@ -1378,7 +1442,45 @@ impl World {
                 c.ops_left -= 1;
                 c.stage = Stage::Idle(now + c.rng.u64(0..3 * MS));
             }
+            Phase::Fence => {
+                let fence = c.fence.take().expect("a write-back without a fence");
+                let lock = c.lock.as_ref().expect("a write-back without a lock");
+                // As `Redlock` does: the lock is handed out only if a majority confirmed
+                // its fence while it was still valid; otherwise it is released.
+                if decision == Decision::Won && c.transport.instant() < lock.deadline {
+                    self.fences.push((c.res, now, fence));
+                    self.stats.fenced += 1;
+                    let safe = safe_span(ttl, DRIFT).expect("ttl within drift");
+                    let hold_for = c.rng.u64(0..safe.as_nanos() as SimTime * 6 / 5);
+                    c.stage = Stage::Holding(now + hold_for);
+                } else {
+                    self.stats.fence_failed += 1;
+                    self.unlock(ci, now);
+                }
+            }
             other => panic!("seed {seed}: the sim runs no {other:?} round"),
+        }
+    }
+
+    /// Fences rise strictly, per resource, in the order the locks were handed out. A node
+    /// that restarted empty lost its counters: then a lower fence is counted (the
+    /// documented limit), not a failure.
+    fn check_fences(&mut self) {
+        let seed = self.seed;
+        let mut fences = self.fences.clone();
+        fences.sort_by_key(|&(res, at, _)| (res, at));
+        for pair in fences.windows(2) {
+            let ((r0, t0, f0), (r1, t1, f1)) = (pair[0], pair[1]);
+            if r0 != r1 || f1 > f0 {
+                continue;
+            }
+            let restarted = self.stats.restarts + self.stats.unsafe_restarts > 0;
+            assert!(
+                restarted,
+                "seed {seed}: resource {r0}: the lock handed out at {t1} ns has fence {f1}, \
+                 not above {f0} of the one at {t0} ns, and no node restarted"
+            );
+            self.stats.fence_order_lost += 1;
         }
     }
 
