@@ -33,7 +33,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use quorumlock::__private::core::session::{
-    Answer, Expect, Expected, Handshake, Identity, Login, Session, State,
+    Answer, Expect, Expected, Handshake, Identity, Login, Session, State, UNCOUNTED,
 };
 use quorumlock::__private::resp::encode;
 use quorumlock::__private::resp::{Limits, ProtocolError, Reply, decode};
@@ -608,7 +608,7 @@ impl Harness {
         // How far behind the node is, in rounds, seen from the current round and the next.
         for round in [m.round, m.round + 1] {
             let behind = match front {
-                Some(e) if e.round != 0 => round.saturating_sub(e.round),
+                Some(e) if e.sent_in() != 0 => round.saturating_sub(e.sent_in()),
                 _ => 0,
             };
             assert_eq!(
@@ -656,8 +656,7 @@ impl Harness {
         for i in 0..m.handshake_statuses.len() {
             let status = m.handshake_statuses[i];
             let e = Expect {
-                round: 0,
-                counted: false,
+                round: UNCOUNTED,
                 slot: 0,
                 kind: Expected::Handshake(status),
                 sent_at: m.now,
@@ -827,8 +826,7 @@ impl Harness {
             ],
         );
         let expect = Expect {
-            round,
-            counted,
+            round: if counted { round } else { round | UNCOUNTED },
             slot,
             kind,
             sent_at: self.m.now,
@@ -958,9 +956,8 @@ impl Harness {
                     _ => panic!("step {step}: take_vote() = {round}/{slot} owed {front:?}"),
                 };
                 let got = Some(Answer {
-                    // A reply no round counts reads as round 0.
-                    to: front
-                        .filter(|e| (if e.counted { e.round } else { 0 }, e.slot) == (round, slot)),
+                    // A reply no round counts keeps its tag (`UNCOUNTED`): no round id.
+                    to: front.filter(|e| (e.round, e.slot) == (round, slot)),
                     outcome: Outcome::vote(phase, yes),
                     counter: None,
                 });

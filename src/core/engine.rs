@@ -15,7 +15,8 @@
 //!
 //! - A reply is matched to its command through its session's FIFO, tagged with the round
 //!   it belongs to; a reply of an earlier round is read and dropped, never counted in a
-//!   later one (round ids start at 1; 0 tags replies nobody waits for).
+//!   later one (round ids start at 1; replies nobody waits for are tagged
+//!   [`UNCOUNTED`], which no round id equals).
 //! - A node that still owes replies older than `node_timeout`, or replies of a round
 //!   more than [`MAX_ROUNDS_BEHIND`] rounds back, is "lagging": it is not
 //!   waited for and is sent no new lock command, so a frozen minority costs nothing once
@@ -44,7 +45,7 @@
 use super::command::{self, Arg, Command, Frame, KeyList};
 use super::round::Round;
 use super::script;
-use super::session::{Answer, Expect, Expected, Login, Session, State};
+use super::session::{Answer, Expect, Expected, Login, Session, State, UNCOUNTED};
 use super::token::Token;
 use crate::error::{NodeError, Outcome, Phase};
 use crate::resp::Limits;
@@ -190,7 +191,8 @@ pub struct Engine {
     frames: [Frame; 2],
     /// Scratch for per-node extras: EVAL after NOSCRIPT, releases after a lost attempt.
     extra: Vec<u8>,
-    /// Round ids start at 1; 0 tags replies that no round waits for.
+    /// Round ids start at 1 (and stay below [`UNCOUNTED`], the tag of replies that no
+    /// round waits for).
     round_id: u64,
     timing: Timing,
     /// A node lagging this long has its connection reset: a stream that lost bytes (a
@@ -213,11 +215,15 @@ pub struct Engine {
     /// that reaches the same server as another, and with a restart guard, one not yet
     /// known to have been up for it. Empty in steady state: the hot path pays one test.
     watch: u64,
+    /// Nodes whose replies skip the fast path ([`Session::take_vote`]): `watch`, or every
+    /// node when `fast_votes` is off. One test per reply on the hot path.
+    slow_votes: u64,
     /// Hashes of the keys of the last lost attempt ([`Engine::release_lost`]), sorted (a
     /// batch may lose many): an acquire of one of them waits for that attempt's deletes before it writes (see the module's
     /// invariants).
     lost_keys: Vec<u64>,
-    /// How many nodes hold the current round's command back ([`Session::held`]).
+    /// How many nodes hold the current round's command back: exactly those with
+    /// [`Session::held`] set.
     held: usize,
     /// While the current round writes nothing yet, waiting for the deletes of the last
     /// lost attempt: when it stops waiting for the stragglers.
@@ -243,6 +249,7 @@ impl Engine {
             write_until: None,
             round_start: None,
             watch: 0,
+            slow_votes: 0,
             lost_keys: Vec::with_capacity(4),
             held: 0,
             hold_until: None,
@@ -268,6 +275,7 @@ impl Engine {
             }
         }
         self.watch = watch;
+        self.slow_votes = if self.fast_votes { watch } else { !0 };
     }
 
     /// The nodes other than `node` whose server, as last identified, is `node`'s.
@@ -478,7 +486,14 @@ impl Engine {
         }
         // `start − node_timeout`, computed only if some node owes replies.
         let mut lag_cutoff: Option<Option<Instant>> = None;
-        self.held = 0;
+        if self.held != 0 {
+            // Held by the last round, which was decided before it wrote them: `held`
+            // counts the nodes that have `Session::held` set.
+            for s in &mut self.sessions {
+                s.held = false;
+            }
+            self.held = 0;
+        }
         self.hold_until = None;
         let hold = !self.lost_keys.is_empty() && self.holds_back(req);
         if hold {
@@ -486,7 +501,6 @@ impl Engine {
         }
         let expect = Expect {
             round: self.round_id,
-            counted: true,
             slot: 0,
             kind: req.expected(),
             sent_at: start,
@@ -500,7 +514,6 @@ impl Engine {
                 s.is_lagging(cutoff) || s.rounds_behind(self.round_id) > MAX_ROUNDS_BEHIND
             });
             let frame_ok = req.phase != Phase::Extend || s.extend_script_known;
-            s.held = false;
             if s.state == State::Ready && !s.suspect && !lagging && frame_ok && !hold {
                 s.may_resend = true;
                 s.sent = true;
@@ -630,7 +643,6 @@ impl Engine {
         s.note_write(self.write_until);
         let expect = Expect {
             round: self.round_id,
-            counted: true,
             slot: 0,
             kind: active.req.expected(),
             sent_at: now,
@@ -670,15 +682,15 @@ impl Engine {
             );
         }
         let expect = Expect {
-            round: self.round_id,
-            counted: false,
+            round: self.round_id | UNCOUNTED,
             slot: 0,
             kind: Expected::Command(Phase::Release),
             sent_at: now,
         };
         let s = &mut self.sessions[node];
-        if let Err(e) = Self::send(t, s, node, &self.extra, expect, items.len()) {
-            self.drop_conn(t, node, e, now);
+        match Self::send(t, s, node, &self.extra, expect, items.len()) {
+            Ok(()) => s.deletes_owed += items.len(),
+            Err(e) => self.drop_conn(t, node, e, now),
         }
     }
 
@@ -876,7 +888,6 @@ impl Engine {
             s.note_write(self.write_until);
             let expect = Expect {
                 round: self.round_id,
-                counted: true,
                 slot: 0,
                 kind: active.req.expected(),
                 sent_at: *sent_at.get_or_insert_with(|| t.now()),
@@ -895,7 +906,7 @@ impl Engine {
     fn take_votes(&mut self, node: usize, mut active: Option<&mut Active<'_>>) -> bool {
         let round_id = self.round_id;
         // A watched node's votes are screened on the general path.
-        let fast = self.fast_votes && self.watch & node_bit(node) == 0;
+        let fast = self.slow_votes & node_bit(node) == 0;
         let Some(s) = self.sessions.get_mut(node) else {
             return false;
         };
@@ -940,7 +951,8 @@ impl Engine {
         // Votes count only in the round that is waiting for them; handshake and
         // fire-and-forget replies carry round 0, which never is.
         let round_id = self.round_id;
-        let current = |e: &Expect| e.counted && e.round == round_id;
+        // (A tagged round, `UNCOUNTED`, equals no round id.)
+        let current = |e: &Expect| e.round == round_id;
         match answer {
             Answer {
                 to,
@@ -986,9 +998,9 @@ impl Engine {
                     None => {
                         // A fire-and-forget delete goes as EVAL already: a NOSCRIPT to
                         // it is a server's confusion, and its frame is not kept.
-                        let kept =
-                            expect.round == self.round_id || expect.round + 1 == self.round_id;
-                        if !expect.counted || !kept {
+                        let kept = expect.counted()
+                            && (expect.round == self.round_id || expect.round + 1 == self.round_id);
+                        if !kept {
                             return true;
                         }
                         let frame = &self.frames[(expect.round & 1) as usize];
@@ -1063,7 +1075,6 @@ impl Engine {
             if s.state != State::Down {
                 let expect = Expect {
                     round: self.round_id,
-                    counted: true,
                     slot: 0,
                     kind: active.req.expected(),
                     sent_at: now,
@@ -1121,14 +1132,14 @@ impl Engine {
                 continue;
             }
             let expect = Expect {
-                round: self.round_id,
-                counted: false,
+                round: self.round_id | UNCOUNTED,
                 slot: 0,
                 kind: Expected::Command(Phase::Release),
                 sent_at: now,
             };
-            if let Err(e) = Self::send(t, s, node, &self.extra, expect, lost.len()) {
-                self.drop_conn(t, node, e, now);
+            match Self::send(t, s, node, &self.extra, expect, lost.len()) {
+                Ok(()) => s.deletes_owed += lost.len(),
+                Err(e) => self.drop_conn(t, node, e, now),
             }
         }
     }

@@ -43,21 +43,39 @@ const INBOX: usize = 16 * 1024;
 /// without a steady-state allocation.
 const PENDING: usize = 128;
 
+/// The tag of [`Expect::round`] for a reply that no round counts as a vote (handshake,
+/// the fire-and-forget deletes). Round ids stay far below it, so a tagged `round` equals
+/// no round id: comparing `round` with the round in progress is the whole test.
+pub const UNCOUNTED: u64 = 1 << 63;
+
 /// What a queued reply belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Expect {
-    /// The round in progress when the command was sent (0 for a handshake): what
-    /// [`Session::rounds_behind`] measures from.
+    /// The round in progress when the command was sent (0 for a handshake), what
+    /// [`Session::rounds_behind`] measures from; tagged with [`UNCOUNTED`] when that
+    /// round does not count the reply as a vote ([`Expect::counted`]).
     pub round: u64,
-    /// Whether that round counts the reply as a vote; false for replies nobody waits
-    /// for (handshake, the fire-and-forget deletes).
-    pub counted: bool,
     /// Which resource of the round.
     pub slot: u32,
     /// The command it answers.
     pub kind: Expected,
     /// When the command was queued, to tell a lagging node.
     pub sent_at: Instant,
+}
+
+impl Expect {
+    /// Whether its round counts the reply as a vote; false for replies nobody waits for
+    /// (handshake, the fire-and-forget deletes).
+    #[inline]
+    pub fn counted(&self) -> bool {
+        self.round & UNCOUNTED == 0
+    }
+
+    /// The round in progress when the command was sent, without the tag.
+    #[inline]
+    pub fn sent_in(&self) -> u64 {
+        self.round & !UNCOUNTED
+    }
 }
 
 /// The command a reply answers.
@@ -351,8 +369,7 @@ impl Session {
 
     fn expect_handshake(&mut self, status: Handshake, now: Instant) {
         self.pending.push_back(Expect {
-            round: 0,
-            counted: false,
+            round: UNCOUNTED,
             slot: 0,
             kind: Expected::Handshake(status),
             sent_at: now,
@@ -382,9 +399,6 @@ impl Session {
     pub fn enqueue(&mut self, expect: Expect, count: usize) -> Result<bool, NodeError> {
         if self.pending.len() + count > MAX_PENDING {
             return Err(NodeError::Backlog);
-        }
-        if !expect.counted && matches!(expect.kind, Expected::Command(_)) {
-            self.deletes_owed += count;
         }
         if count == 1 {
             self.pending.push_back(expect);
@@ -503,9 +517,9 @@ impl Session {
         };
         let buf = self.inbox.get(self.head..self.tail)?;
         let (yes, used) = quick_vote(phase, buf)?;
-        // Round 0 is never in progress: a reply nobody waits for is read and dropped.
-        let round = if expect.counted { expect.round } else { 0 };
-        let vote = (round, expect.slot, yes);
+        // A reply nobody waits for carries `UNCOUNTED`, which no round id equals: the
+        // caller reads and drops it.
+        let vote = (expect.round, expect.slot, yes);
         self.extend_script_known |= phase == Phase::Extend;
         self.consume(used);
         Some(vote)
@@ -623,7 +637,7 @@ impl Session {
     #[inline]
     pub fn rounds_behind(&self, round: u64) -> u64 {
         match self.pending.front() {
-            Some(e) if e.round != 0 => round.saturating_sub(e.round),
+            Some(e) if e.sent_in() != 0 => round.saturating_sub(e.sent_in()),
             _ => 0,
         }
     }
@@ -657,7 +671,7 @@ impl Session {
             && self
                 .pending
                 .front()
-                .is_some_and(|e| !e.counted && matches!(e.kind, Expected::Command(_)))
+                .is_some_and(|e| !e.counted() && matches!(e.kind, Expected::Command(_)))
         {
             self.deletes_owed -= 1;
         }
@@ -766,8 +780,7 @@ mod tests {
 
     fn command_expect(round: u64, kind: Phase, at: Instant) -> Expect {
         Expect {
-            round,
-            counted: round != 0,
+            round: if round == 0 { UNCOUNTED } else { round },
             slot: 0,
             kind: Expected::Command(kind),
             sent_at: at,
