@@ -1,12 +1,17 @@
-//! Mutual-exclusion torture test: several OS processes, two threads each, contend for ONE
-//! resource on five real `redis-server` nodes while the parent freezes, kills and restarts
-//! a minority of the nodes; an offline checker then audits every holder's log.
+//! Mutual-exclusion and fencing torture test: several OS processes, two threads each,
+//! contend for ONE resource on five real `redis-server` nodes while the parent freezes,
+//! kills and restarts a minority of the nodes and pauses worker processes; the critical
+//! section is a read-modify-write of a *fenced store*; an offline checker then audits every
+//! holder's log.
 //!
 //! ```text
 //! cargo test --test torture -- --nocapture                          # 20 s (CI)
 //! TORTURE_SECS=600 cargo test --release --test torture -- --nocapture  # 10 min
 //! TORTURE_SEED=1234 ...                  # replay the fault schedule (not the timing)
 //! TORTURE_KEEP=1 ...                     # keep the logs (always kept on failure)
+//! TORTURE_UNSAFE_RESTART=1 ...           # restart killed nodes at once; guard on (600 ms)
+//! TORTURE_UNSAFE_RESTART=1 TORTURE_GUARD=0 ...  # ... guard off: overlaps are caught
+//! TORTURE_GUARD=<ms> ...                 # the workers' restart guard (0: off)
 //! ```
 //!
 //! # Processes
@@ -49,22 +54,32 @@
 //! `rel`), or expired at ≥ A's start + ttl on the node's clock (later than A's deadline,
 //! which subtracts the drift allowance). So `[acq, end)` is both the widest interval in
 //! which a holder may act and exactly what must be exclusive; the start before the call is
-//! still logged (`call`), and every write is checked to lie inside its window.
+//! still logged (`call`), and every store operation is checked to start inside its window.
 //!
-//! # The critical section
+//! # The critical section: a fenced store
 //!
-//! A read-modify-write of a counter file shared by all processes: read it, sleep 0–3 ms,
-//! write value+1 (temp file + rename), log `W worker thread hold before after start end`.
-//! It starts and writes only while `lock.remaining() >= MARGIN` ([`MARGIN`]: the check and
-//! the write are not atomic, the margin covers the gap); otherwise the write is skipped and
-//! logged (`S`): a holder never *starts* to act after validity. A holder descheduled
-//! between its last check and its write (a loaded machine does that for tens of ms) writes
-//! late: the paused-client limit of every Redlock without fencing tokens. The checker
-//! counts those apart ("late writes by paused holders"); should one lose an increment, the
-//! lost-update check still fails the run. Holds also extend (~10 %, then do a second
-//! increment), let the lock expire (~3 %), overstay their validity (~2 %) or run up to the
-//! margin (~2 %). One call in five is a single `try_lock` instead of `lock`: its refusals
-//! with some node holding another client's token show the run was contended.
+//! Every worker client has `.fencing(true)`, so every lock carries a fence
+//! ([`NODE_TIMEOUT`] is 30 ms, since fencing refuses a ttl under 4 × `node_timeout`). The
+//! shared counter lives in a [`FencedStore`]: one file, `value highest_fence`, that every
+//! operation updates under an exclusive `flock`. The store remembers the largest fence of
+//! any operation it accepted and refuses one carrying a smaller fence; it does so for the
+//! read as well as the write, since the critical section is a read-modify-write (a stale
+//! holder's write landing between a newer holder's read and write would otherwise lose an
+//! increment). An increment: read with the fence, sleep 0–3 ms, write value+1 with the
+//! fence; logged `W` when the write was accepted, `R` (with the fence and the store's
+//! highest) when the read or the write was refused. It starts and writes only while
+//! `lock.remaining() >= MARGIN` ([`MARGIN`]: the check and the write are not atomic);
+//! otherwise the write is skipped and logged (`S`): a holder never *starts* to act after
+//! validity. Holds also extend (~10 %, then do a second increment), let the lock expire
+//! (~3 %), overstay their validity (~2 %), run up to the margin (~2 %), or **stall**
+//! ([`STALL_PERCENT`], ~2 %): once the last validity check has passed, the holder stops
+//! its own process (`raise(SIGSTOP)`, before the write) and the parent resumes it after
+//! `TTL` + 100–400 ms, so the write always comes after the lock expired (should the stop
+//! not happen, the holder sleeps past its validity instead). By then another holder has
+//! nearly always read the store with a newer fence, and the late write is refused; if
+//! none has, the store accepts it, which is harmless (the next holder reads after it). One
+//! call in five is a single `try_lock` instead of `lock`: its refusals with some node
+//! holding another client's token show the run was contended.
 //!
 //! # Faults (parent)
 //!
@@ -77,27 +92,68 @@
 //! node and nodes that never had the key (frozen during the first acquire), and two holders
 //! would overlap. Every key a node held when killed was set at most one ttl before the kill,
 //! so once a ttl has passed every lock that counted on that node is past its deadline.
-//! (`TORTURE_UNSAFE_RESTART=1` restarts at once instead, to watch the checker catch that.)
+//!
+//! A second seeded RNG pauses worker processes (SIGSTOP, then SIGCONT after `TTL` +
+//! 50–500 ms; one every 0.5–2.5 s, at most [`MAX_PAUSED`] at once): a holder paused
+//! anywhere — inside `lock()`, between its check and its write, holding the store's
+//! `flock` (which then only delays the others) — wakes past its validity. The parent also
+//! watches `/proc` for the workers' stalls (above) and resumes them.
+//!
+//! # Unsafe restarts and the restart guard
+//!
+//! `TORTURE_UNSAFE_RESTART=1` restarts a killed node within 20 ms instead. By default every
+//! worker client then has `.restart_guard(600 ms)` (twice the ttl; `TORTURE_GUARD=<ms>`
+//! sets another, `TORTURE_GUARD=0` turns it off): a restarted node's yes does not count
+//! until it has been up that long, longer than any key it lost could have lived, so the
+//! run must show **no overlap**. With the guard off, the checker catches the overlaps (and,
+//! since the store refuses stale fences, usually no increment is lost even then).
+//!
+//! What the guard does not give back is the fence counters a restarted node lost:
+//! exclusivity expires with the keys, counters are permanent. A fence is the largest
+//! counter among the acquire's counted voters, plus one, after a write-back to a
+//! majority; the next lock's voters share a node with that majority, and that node hands
+//! the fence on unless it lost its counters in between. So the fence order is asserted on
+//! every pair of consecutive windows A, B *unless* some node was killed after A's acquire
+//! started and restarted early enough that its yes could count for B (at least the guard
+//! before B's `lock()` returned): the write-back may have reached only a bare majority, and
+//! then that restart can erase A's fence from every node B hears (the log cannot tell how
+//! many nodes the write-back reached). With delayed restarts (down ≥ 400 ms) or the guard
+//! (600 ms) such a pair needs A and B far apart, so nearly every pair is asserted, across
+//! kills and restarts alike; unasserted pairs are counted, with how many regressed (with
+//! immediate restarts and no guard, some do).
 //!
 //! # The checker
 //!
-//! `common::checker::check` parses every log and proves (1) no two windows overlap, and
-//! every write starts inside its hold's window; (2) no increment was lost: sorted by time,
-//! the logged `before → after` values are exactly 0→1→2→…, and the final counter equals
-//! the number of increments. Its own tests below feed it overlapping, lost-update and
-//! late-write logs; `tests/scenarios.rs` shows it catching a real overlap.
+//! `common::checker::audit` parses every log and proves (1) no two windows overlap, and
+//! every write or refused operation starts inside its hold's window; (2) no increment was
+//! lost: sorted by time, the *accepted* writes' `before → after` values are exactly
+//! 0→1→2→…, and the store's final value equals their number (a refused write is not an
+//! increment); (3) the store let no stale fence through (accepted writes, in store order,
+//! carry non-decreasing fences); (4) fences strictly increase in window order, on every
+//! consecutive pair of windows no restart could reorder (above), given the run's restart
+//! timeline (kill times read once the node was reaped, restart times before the spawn) and
+//! guard; (5) no operation was refused while its hold was still valid, unless an allowed
+//! fence regression explains it. Writes that ended after their window (paused holders) are
+//! counted apart, refused or accepted. Its own tests below feed it overlapping,
+//! lost-update, late-write, out-of-order-fence and leaky-store logs;
+//! `tests/scenarios.rs` shows it catching a real overlap.
 //!
 //! # Floors
 //!
 //! A run that injected no faults or saw no contention proves nothing, so the run also
 //! fails unless it saw at least [`FAULT_FLOOR_PER_10S`] freezes and as many kills per
-//! 10 s (every one recovered), [`MIN_TRY_CONTENDED`] contended `try_lock` refusals, holds
-//! by at least two worker processes, and `max(20, secs)` acquisitions.
+//! 10 s (every one recovered), [`PAUSE_FLOOR_PER_10S`] worker pauses per 10 s (every
+//! paused or stalled worker resumed), [`MIN_TRY_CONTENDED`] contended `try_lock` refusals,
+//! holds by at least two worker processes, `max(20, secs)` acquisitions,
+//! [`LATE_REFUSED_FLOOR`] late write refused by the store, the fence order asserted on at
+//! least half as many pairs as there were holds, and at least one asserted pair spanning a
+//! node kill or restart. None of these is a timing assertion: all count injected faults
+//! or their effects.
 
 mod common;
 
 use common::Cluster;
-use common::checker::{Clock, check, hold_line, mono_ns};
+use common::checker::{Clock, Fence, Restart, Run, audit, check, fenced_hold_line, mono_ns};
 use quorumlock::{Error, Lock, Outcome, Redlock};
 use std::fmt::Write as _;
 use std::fs::{self, File};
@@ -117,6 +173,12 @@ const WORKERS: usize = 4;
 const THREADS: usize = 2;
 /// Lock ttl (also the extend ttl, so the longest ttl in use).
 const TTL: Duration = Duration::from_millis(300);
+/// The workers' `node_timeout`. Fencing refuses a ttl under 4 × `node_timeout`
+/// (`quorumlock::FENCE_TTL_FACTOR`): 300 ms against 120 ms.
+const NODE_TIMEOUT: Duration = Duration::from_millis(30);
+/// The restart guard of every worker client when `TORTURE_UNSAFE_RESTART=1` and
+/// `TORTURE_GUARD` is not set: twice the ttl (the guard must exceed the longest ttl).
+const UNSAFE_RESTART_GUARD: Duration = Duration::from_millis(600);
 /// A holder starts or finishes a write only with at least this much validity left.
 const MARGIN: Duration = Duration::from_millis(50);
 /// Extra time a killed node stays down beyond the ttl (delayed restart).
@@ -134,6 +196,24 @@ const RESOURCE: &str = "torture:resource";
 /// blocking the injector for 1 s (a badly loaded machine) the fewest seen were 2 freezes
 /// and 5 kills. So 1 per 10 s (2 in the CI run) fails only if the injector did not run.
 const FAULT_FLOOR_PER_10S: u64 = 1;
+/// Worker processes the parent pauses (SIGSTOP … SIGCONT, each for `TTL` + 50–500 ms, one
+/// every 0.5–2.5 s, at most [`MAX_PAUSED`] at once) per 10 s of run, at least: ~13 in
+/// 20 s are expected, so the floor (the same as [`FAULT_FLOOR_PER_10S`]) fails only if the
+/// pauser did not run.
+const PAUSE_FLOOR_PER_10S: u64 = 1;
+/// At most this many worker processes are paused by the parent at once.
+const MAX_PAUSED: usize = 2;
+/// Percent of holds in which the holder, once its last validity check has passed, stops
+/// its own process (SIGSTOP) right before its store write; the parent resumes it after
+/// `TTL` + 100–400 ms. About 2 % of the 700–800 holds of a 20 s run, less those skipped
+/// before the write: ~10–15 stalls.
+const STALL_PERCENT: u32 = 2;
+/// Late writes the store must have refused in a run (see the module docs): each stall
+/// leaves its holder paused for 100–400 ms past its lock's expiry, and six other threads
+/// retry every 2–18 ms and read the store (registering their newer fence) as soon as
+/// they hold the lock, so nearly every stall ends in a refusal; one is a floor that only
+/// a run without stalls, or a store that refuses nothing, misses.
+const LATE_REFUSED_FLOOR: u64 = 1;
 /// Percent of calls made with `try_lock` (one attempt) rather than `lock`.
 const TRY_LOCK_PERCENT: u32 = 20;
 /// `try_lock` refusals in which some node held another client's token, that the run must
@@ -161,6 +241,8 @@ struct WorkerConfig {
     seed: u64,
     /// `TORTURE_PARENT_PID`: the parent, to die with it.
     parent: u32,
+    /// `TORTURE_GUARD_MS`: the clients' restart guard (zero: off).
+    guard: Duration,
 }
 
 impl WorkerConfig {
@@ -180,12 +262,13 @@ impl WorkerConfig {
             end_ns: num("TORTURE_END_NS"),
             seed: num("TORTURE_SEED"),
             parent: num("TORTURE_PARENT_PID") as u32,
+            guard: Duration::from_millis(num("TORTURE_GUARD_MS")),
         })
     }
 }
 
-fn counter_path(dir: &Path) -> PathBuf {
-    dir.join("counter")
+fn store_path(dir: &Path) -> PathBuf {
+    dir.join("store")
 }
 
 fn log_path(dir: &Path, worker: usize, thread: usize) -> PathBuf {
@@ -245,6 +328,8 @@ struct ThreadStats {
     unlock_errors: u64,
     /// `try_lock` calls refused with some node holding another client's token.
     try_contended: u64,
+    /// Holds in which this thread stopped its process right before its write.
+    stalls: u64,
 }
 
 /// One worker thread: a client of its own, taking the lock until the end time.
@@ -254,18 +339,17 @@ fn run_thread(cfg: &WorkerConfig, thread: usize, clock: Clock) -> io::Result<()>
     );
     let mut rl = Redlock::builder()
         .nodes(&cfg.urls)
-        .node_timeout(Duration::from_millis(30))
+        .node_timeout(NODE_TIMEOUT)
         .retry_count(150)
         .retry_delay(Duration::from_millis(10))
         .retry_jitter(Duration::from_millis(8))
+        .fencing(true)
+        .restart_guard(cfg.guard)
         .build()
         .map_err(|e| io::Error::other(e.to_string()))?;
     let mut log = BufWriter::new(File::create(log_path(&cfg.dir, cfg.worker, thread))?);
     let mut cs = CriticalSection {
-        counter: counter_path(&cfg.dir),
-        tmp: cfg
-            .dir
-            .join(format!("counter.w{}-t{thread}.tmp", cfg.worker)),
+        store: FencedStore::new(store_path(&cfg.dir)),
         who: (cfg.worker, thread),
     };
     let mut stats = ThreadStats::default();
@@ -320,7 +404,7 @@ fn run_thread(cfg: &WorkerConfig, thread: usize, clock: Clock) -> io::Result<()>
         match plan {
             // Extend, then a second increment under the new validity.
             0..10 => {
-                cs.increment(&lock, hold, &mut rng, &mut log)?;
+                cs.increment(&lock, hold, &mut rng, &mut log, false)?;
                 match rl.extend(&mut lock, TTL) {
                     Ok(()) => {
                         stats.extend_ok += 1;
@@ -331,17 +415,17 @@ fn run_thread(cfg: &WorkerConfig, thread: usize, clock: Clock) -> io::Result<()>
                 // The latest deadline the holder was ever given (a failed extend only
                 // ever moves it earlier).
                 deadline_ns = deadline_ns.max(clock.map(lock.deadline()));
-                cs.increment(&lock, hold, &mut rng, &mut log)?;
+                cs.increment(&lock, hold, &mut rng, &mut log, false)?;
             }
             // Let the lock expire: no unlock.
             10..13 => {
-                cs.increment(&lock, hold, &mut rng, &mut log)?;
+                cs.increment(&lock, hold, &mut rng, &mut log, false)?;
                 release = false;
             }
             // Overstay: wake up after the validity and try to act (must be skipped).
             13..15 => {
                 thread::sleep(lock.remaining() + Duration::from_millis(2));
-                cs.increment(&lock, hold, &mut rng, &mut log)?;
+                cs.increment(&lock, hold, &mut rng, &mut log, false)?;
             }
             // Start just above the margin: the write is often skipped at the last check.
             15..17 => {
@@ -349,9 +433,18 @@ fn run_thread(cfg: &WorkerConfig, thread: usize, clock: Clock) -> io::Result<()>
                     .remaining()
                     .saturating_sub(MARGIN + Duration::from_micros(rng.u64(0..3000)));
                 thread::sleep(wait);
-                cs.increment(&lock, hold, &mut rng, &mut log)?;
+                cs.increment(&lock, hold, &mut rng, &mut log, false)?;
             }
-            _ => cs.increment(&lock, hold, &mut rng, &mut log)?,
+            // Stall: stop this whole process right before the write, once the last
+            // validity check has passed; the parent resumes it after the lock expired.
+            p if p < 17 + STALL_PERCENT => {
+                if cs.increment(&lock, hold, &mut rng, &mut log, true)? {
+                    stats.stalls += 1;
+                }
+            }
+            _ => {
+                cs.increment(&lock, hold, &mut rng, &mut log, false)?;
+            }
         }
         let rel_ns = if release {
             let rel_ns = mono_ns();
@@ -363,7 +456,7 @@ fn run_thread(cfg: &WorkerConfig, thread: usize, clock: Clock) -> io::Result<()>
             u64::MAX
         };
         log.write_all(
-            hold_line(
+            fenced_hold_line(
                 cfg.worker,
                 thread,
                 hold,
@@ -373,6 +466,7 @@ fn run_thread(cfg: &WorkerConfig, thread: usize, clock: Clock) -> io::Result<()>
                 deadline_ns,
                 rel_ns,
                 extended,
+                lock.fence(),
             )
             .as_bytes(),
         )?;
@@ -381,7 +475,7 @@ fn run_thread(cfg: &WorkerConfig, thread: usize, clock: Clock) -> io::Result<()>
     }
     writeln!(
         log,
-        "E {} {thread} {} {} {} {} {} {} {} {} {} {}",
+        "E {} {thread} {} {} {} {} {} {} {} {} {} {} {}",
         cfg.worker,
         stats.holds,
         stats.taken,
@@ -392,53 +486,188 @@ fn run_thread(cfg: &WorkerConfig, thread: usize, clock: Clock) -> io::Result<()>
         stats.extend_failed,
         stats.unlock_errors,
         stats.try_contended,
+        stats.stalls,
         clock.skew_ns()
     )?;
     log.flush()
 }
 
-/// The read-modify-write of the shared counter file.
+/// A store operation turned away: the store had accepted this larger fence.
+#[derive(Clone, Copy, Debug)]
+struct Refused {
+    highest: u64,
+}
+
+/// The fenced store: a counter in a file shared by every process, that also remembers
+/// the largest fence of any operation it accepted (the file reads `value highest_fence`).
+/// Each operation holds an exclusive `flock` on the file for its whole read-compare-update,
+/// so operations from all processes are atomic and totally ordered. An operation carrying
+/// a smaller fence than the largest accepted is refused and changes nothing; any other
+/// raises the largest to its own fence — the read too, so that a stale holder's write
+/// cannot land between a newer holder's read and write.
+struct FencedStore {
+    path: PathBuf,
+}
+
+impl FencedStore {
+    fn new(path: PathBuf) -> FencedStore {
+        FencedStore { path }
+    }
+
+    /// A fresh store holding `value`, no fence accepted yet.
+    fn create(path: &Path, value: u64) -> io::Result<()> {
+        fs::write(path, format!("{value} 0\n"))
+    }
+
+    /// The value and largest accepted fence, read without the lock (once every worker is
+    /// gone).
+    fn peek(path: &Path) -> io::Result<(u64, u64)> {
+        let text = fs::read_to_string(path)?;
+        parse_store(&text)
+    }
+
+    /// The value, registering `fence`.
+    fn read(&self, fence: u64) -> io::Result<Result<u64, Refused>> {
+        self.op(fence, |_| None)
+    }
+
+    /// Sets the value, registering `fence`.
+    fn write(&self, fence: u64, value: u64) -> io::Result<Result<(), Refused>> {
+        Ok(self.op(fence, |_| Some(value))?.map(|_| ()))
+    }
+
+    /// One atomic operation: under the file lock, refuse a stale fence, else apply
+    /// `update` (the new value, if any) and raise the largest fence to `fence`.
+    fn op(
+        &self,
+        fence: u64,
+        update: impl FnOnce(u64) -> Option<u64>,
+    ) -> io::Result<Result<u64, Refused>> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileExt;
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.path)?;
+        loop {
+            // SAFETY: a valid open descriptor; flock has no memory arguments.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
+            if rc == 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        // The lock goes with the descriptor: dropping `file` releases it.
+        let mut buf = [0u8; 64];
+        let n = file.read_at(&mut buf, 0)?;
+        let text = std::str::from_utf8(&buf[..n]).map_err(io::Error::other)?;
+        let (value, highest) = parse_store(text)?;
+        if fence < highest {
+            return Ok(Err(Refused { highest }));
+        }
+        let new_value = update(value);
+        if new_value.is_some() || fence > highest {
+            let line = format!("{} {fence}\n", new_value.unwrap_or(value));
+            file.write_all_at(line.as_bytes(), 0)?;
+            file.set_len(line.len() as u64)?;
+        }
+        Ok(Ok(value))
+    }
+}
+
+fn parse_store(text: &str) -> io::Result<(u64, u64)> {
+    let bad = || io::Error::other(format!("store file {text:?}: not `value highest_fence`"));
+    let mut it = text.split_whitespace().map(str::parse::<u64>);
+    match (it.next(), it.next(), it.next()) {
+        (Some(Ok(v)), Some(Ok(f)), None) => Ok((v, f)),
+        _ => Err(bad()),
+    }
+}
+
+/// Stops this whole process (every thread) until the parent sends SIGCONT: a holder
+/// paused between its last validity check and its write. The SIGSTOP is sent to the
+/// calling thread (`raise`), which takes it on its way out of the system call and so
+/// stops before it returns; sent to the process (`kill(getpid())`) it may be taken by
+/// another thread, and the caller run on for milliseconds before it stops.
+fn stop_self() {
+    // SAFETY: a plain syscall with an integer argument.
+    unsafe {
+        libc::raise(libc::SIGSTOP);
+    }
+}
+
+/// The read-modify-write of the shared counter, in the fenced store.
 struct CriticalSection {
-    counter: PathBuf,
-    tmp: PathBuf,
+    store: FencedStore,
     who: (usize, usize),
 }
 
 impl CriticalSection {
     /// One increment, only while the lock is valid (with [`MARGIN`] to spare); logs `W`
-    /// when written, `S` when skipped.
+    /// when the store accepted the write, `R` when it refused the read or the write, `S`
+    /// when skipped. With `stall`, the process stops itself between the last validity
+    /// check and the write, for longer than the ttl; returns whether it did.
     fn increment(
         &mut self,
         lock: &Lock,
         hold: u64,
         rng: &mut fastrand::Rng,
         log: &mut impl Write,
-    ) -> io::Result<()> {
+        stall: bool,
+    ) -> io::Result<bool> {
         let (w, t) = self.who;
+        let fence = lock
+            .fence()
+            .ok_or_else(|| io::Error::other("a lock without a fence, with fencing on"))?;
         let start_ns = mono_ns();
         if lock.remaining() < MARGIN {
-            return writeln!(log, "S {w} {t} {hold} - {start_ns} expired-before-read");
+            writeln!(log, "S {w} {t} {hold} - {start_ns} expired-before-read")?;
+            return Ok(false);
         }
-        let text = fs::read_to_string(&self.counter)?;
-        let before: u64 = text
-            .trim()
-            .parse()
-            .map_err(|e| io::Error::other(format!("counter file {text:?}: {e}")))?;
+        let before = match self.store.read(fence)? {
+            Ok(v) => v,
+            Err(Refused { highest }) => {
+                let end_ns = mono_ns();
+                writeln!(
+                    log,
+                    "R {w} {t} {hold} {fence} read {highest} {start_ns} {end_ns}"
+                )?;
+                return Ok(false);
+            }
+        };
         thread::sleep(Duration::from_micros(rng.u64(0..=3000)));
         if lock.remaining() < MARGIN {
-            return writeln!(
+            writeln!(
                 log,
                 "S {w} {t} {hold} {before} {start_ns} expired-before-write"
-            );
+            )?;
+            return Ok(false);
         }
-        fs::write(&self.tmp, format!("{}\n", before + 1))?;
-        fs::rename(&self.tmp, &self.counter)?;
+        if stall {
+            stop_self();
+            // Resumed (by the parent, after more than the ttl): the lock has expired. Should
+            // the stop not have happened, make sure of it anyway.
+            while lock.is_valid() {
+                thread::sleep(lock.remaining() + Duration::from_millis(1));
+            }
+        }
+        let written = self.store.write(fence, before + 1)?;
         let end_ns = mono_ns();
-        writeln!(
-            log,
-            "W {w} {t} {hold} {before} {} {start_ns} {end_ns}",
-            before + 1
-        )
+        match written {
+            Ok(()) => writeln!(
+                log,
+                "W {w} {t} {hold} {fence} {before} {} {start_ns} {end_ns}",
+                before + 1
+            ),
+            Err(Refused { highest }) => writeln!(
+                log,
+                "R {w} {t} {hold} {fence} write {highest} {start_ns} {end_ns}"
+            ),
+        }?;
+        Ok(stall)
     }
 }
 
@@ -476,6 +705,129 @@ struct FaultStats {
     max_disturbed: usize,
     /// Shortest time a killed node stayed down.
     min_down: Option<Duration>,
+}
+
+/// Sends `sig` to process `pid`.
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: plain syscall with integer arguments.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+/// The state letter of a process (`T`: stopped), `None` if it is gone.
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.trim_start().chars().next()
+}
+
+/// Writes one line of the fault timeline (`<ns> <who> <action>`, `who` is `n<i>` for a
+/// node, `w<i>` for a worker process), for diagnosis.
+fn note(log: &mut impl Write, who: &str, what: &str) {
+    let _ = writeln!(log, "{} {who} {what}", mono_ns());
+}
+
+#[derive(Debug, Default)]
+struct PauseStats {
+    /// Pauses the parent started at random.
+    pauses: u64,
+    /// Stalls: workers found stopped by their own hand.
+    stalls: u64,
+    resumes: u64,
+    /// Most worker processes stopped at once.
+    max_paused: usize,
+}
+
+/// Pauses of worker processes, SIGSTOP … SIGCONT: the parent's own, at random, each
+/// longer than the ttl; and the workers' stalls (a holder that stopped its own process
+/// right before a write), which the parent notices in `/proc` and ends, also after
+/// longer than the ttl.
+struct Pauser {
+    rng: fastrand::Rng,
+    pids: Vec<u32>,
+    /// When each stopped worker is to be resumed.
+    until: [Option<Instant>; WORKERS],
+    /// Right after a resume, a stopped state may still show: not a new stall until then.
+    settle: [Option<Instant>; WORKERS],
+    next: Instant,
+    stats: PauseStats,
+}
+
+impl Pauser {
+    fn new(seed: u64, pids: Vec<u32>) -> Pauser {
+        let mut rng = fastrand::Rng::with_seed(seed ^ 0x5041_5553_4553);
+        let next = Instant::now() + Duration::from_millis(rng.u64(500..2500));
+        Pauser {
+            rng,
+            pids,
+            until: [None; WORKERS],
+            settle: [None; WORKERS],
+            next,
+            stats: PauseStats::default(),
+        }
+    }
+
+    /// Resumes the workers whose pause is over, notices new stalls, and (with `inject`)
+    /// starts a pause when one is due.
+    fn tick(&mut self, inject: bool, log: &mut impl Write) {
+        let now = Instant::now();
+        for w in 0..WORKERS {
+            let pid = self.pids[w];
+            if let Some(until) = self.until[w] {
+                if now >= until {
+                    signal(pid, libc::SIGCONT);
+                    note(log, &format!("w{w}"), "resume");
+                    self.stats.resumes += 1;
+                    self.until[w] = None;
+                    self.settle[w] = Some(now + Duration::from_millis(20));
+                }
+                continue;
+            }
+            if self.settle[w].is_some_and(|s| now < s) {
+                continue;
+            }
+            if matches!(proc_state(pid), Some('T' | 't')) {
+                // A stall: keep it stopped past its lock's expiry.
+                let pause = TTL + Duration::from_millis(self.rng.u64(100..400));
+                note(log, &format!("w{w}"), "stall");
+                self.stats.stalls += 1;
+                self.until[w] = Some(now + pause);
+            }
+        }
+        if inject && now >= self.next {
+            let paused = self.until.iter().filter(|u| u.is_some()).count();
+            if paused < MAX_PAUSED {
+                let candidates: Vec<usize> = (0..WORKERS)
+                    .filter(|&w| {
+                        self.until[w].is_none()
+                            && proc_state(self.pids[w]).is_some_and(|s| s != 'Z')
+                    })
+                    .collect();
+                if !candidates.is_empty() {
+                    let w = candidates[self.rng.usize(..candidates.len())];
+                    let pause = TTL + Duration::from_millis(self.rng.u64(50..500));
+                    signal(self.pids[w], libc::SIGSTOP);
+                    note(log, &format!("w{w}"), "pause");
+                    self.stats.pauses += 1;
+                    self.until[w] = Some(now + pause);
+                }
+            }
+            self.next = now + Duration::from_millis(self.rng.u64(500..2500));
+        }
+        let paused = self.until.iter().filter(|u| u.is_some()).count();
+        self.stats.max_paused = self.stats.max_paused.max(paused);
+    }
+
+    /// Resumes every stopped worker at once.
+    fn resume_all(&mut self) {
+        for w in 0..WORKERS {
+            if self.until[w].take().is_some() {
+                signal(self.pids[w], libc::SIGCONT);
+                self.stats.resumes += 1;
+            }
+        }
+    }
 }
 
 fn env_u64(key: &str) -> Option<u64> {
@@ -520,13 +872,28 @@ fn torture() {
     let secs = env_u64("TORTURE_SECS").unwrap_or(DEFAULT_SECS);
     let seed = env_u64("TORTURE_SEED").unwrap_or_else(|| fastrand::u64(..));
     let unsafe_restart = std::env::var("TORTURE_UNSAFE_RESTART").is_ok_and(|v| v == "1");
+    // The restart guard: TORTURE_GUARD=<ms> (0: off); by default on with unsafe restarts,
+    // off with delayed ones.
+    let guard = match env_u64("TORTURE_GUARD") {
+        Some(ms) => Duration::from_millis(ms),
+        None if unsafe_restart => UNSAFE_RESTART_GUARD,
+        None => Duration::ZERO,
+    };
     println!(
         "torture: seed={seed} secs={secs} nodes={NODES} workers={WORKERS}x{THREADS} \
-         ttl={TTL:?} margin={MARGIN:?} max_disturbed={MAX_DISTURBED} \
-         unsafe_restart={unsafe_restart}"
+         ttl={TTL:?} margin={MARGIN:?} node_timeout={NODE_TIMEOUT:?} fencing=on \
+         max_disturbed={MAX_DISTURBED} unsafe_restart={unsafe_restart} restart_guard={}",
+        if guard.is_zero() {
+            "off".to_string()
+        } else {
+            format!("{guard:?}")
+        }
     );
+    if !guard.is_zero() && guard <= TTL {
+        println!("torture: warning: a restart guard of at most the ttl ({TTL:?}) protects nothing");
+    }
     let dir = temp_dir();
-    fs::write(counter_path(&dir), "0\n").expect("write counter");
+    FencedStore::create(&store_path(&dir), 0).expect("create the store");
     let cluster = Cluster::start(NODES);
     let exe = std::env::current_exe().expect("current_exe");
 
@@ -551,6 +918,7 @@ fn torture() {
             .env("TORTURE_END_NS", end_ns.to_string())
             .env("TORTURE_SEED", seed.to_string())
             .env("TORTURE_PARENT_PID", std::process::id().to_string())
+            .env("TORTURE_GUARD_MS", guard.as_millis().to_string())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -565,11 +933,12 @@ fn torture() {
     let mut state = [NodeFault::Healthy; NODES];
     let mut killed_at = [None::<Instant>; NODES];
     let mut faults = FaultStats::default();
-    // The fault timeline on the shared clock, for diagnosis (`<ns> <node> <action>`).
+    // Every kill and restart on the shared clock, for the fence-order check.
+    let mut restarts: Vec<Restart> = Vec::new();
+    let mut killed_ns = [0u64; NODES];
+    // The fault timeline on the shared clock, for diagnosis.
     let mut fault_log = BufWriter::new(File::create(dir.join("faults.log")).expect("faults.log"));
-    let mut note = |node: usize, what: &str| {
-        let _ = writeln!(fault_log, "{} {node} {what}", mono_ns());
-    };
+    let mut pauser = Pauser::new(seed, workers.0.iter().map(Child::id).collect());
     let mut next_fault = Instant::now() + Duration::from_millis(rng.u64(50..300));
     let mut early_exit = false;
     loop {
@@ -579,14 +948,20 @@ fn torture() {
                 NodeFault::Frozen { until } if now >= until => {
                     cluster.node(i).thaw();
                     faults.thaw += 1;
-                    note(i, "thaw");
+                    note(&mut fault_log, &format!("n{i}"), "thaw");
                     *st = NodeFault::Healthy;
                 }
                 NodeFault::Down { until } if now >= until => {
                     let down = killed_at[i].take().map(|k| k.elapsed());
+                    // Read before the spawn: at or before the node is up again.
+                    restarts.push(Restart {
+                        node: i,
+                        killed_ns: killed_ns[i],
+                        restarted_ns: mono_ns(),
+                    });
                     cluster.node(i).restart();
                     faults.restart += 1;
-                    note(i, "restart");
+                    note(&mut fault_log, &format!("n{i}"), "restart");
                     faults.min_down = match (faults.min_down, down) {
                         (Some(a), Some(b)) => Some(a.min(b)),
                         (a, b) => a.or(b),
@@ -621,7 +996,7 @@ fn torture() {
                     let hold = Duration::from_millis(rng.u64(5..1200));
                     cluster.node(i).freeze();
                     faults.freeze += 1;
-                    note(i, "freeze");
+                    note(&mut fault_log, &format!("n{i}"), "freeze");
                     state[i] = NodeFault::Frozen { until: now + hold };
                 } else {
                     // Delayed restart: down for at least the longest ttl, plus a margin.
@@ -631,8 +1006,10 @@ fn torture() {
                         TTL + RESTART_MARGIN + Duration::from_millis(rng.u64(0..800))
                     };
                     cluster.node(i).kill();
+                    // Read once the process was reaped: at or after its death.
+                    killed_ns[i] = mono_ns();
                     faults.kill += 1;
-                    note(i, "kill");
+                    note(&mut fault_log, &format!("n{i}"), "kill");
                     killed_at[i] = Some(Instant::now());
                     state[i] = NodeFault::Down {
                         until: Instant::now() + down,
@@ -643,6 +1020,7 @@ fn torture() {
             }
             next_fault = now + Duration::from_millis(rng.u64(20..400));
         }
+        pauser.tick(now < end && !early_exit, &mut fault_log);
         thread::sleep(Duration::from_millis(5));
     }
 
@@ -655,10 +1033,15 @@ fn torture() {
                 statuses[w] = c.try_wait().expect("try_wait worker");
             }
         }
-        thread::sleep(Duration::from_millis(20));
+        // A stall in a hold that began before the end is still resumed.
+        pauser.tick(false, &mut fault_log);
+        thread::sleep(Duration::from_millis(5));
     }
     let elapsed = started.elapsed();
+    pauser.resume_all();
+    let pauses = pauser.stats;
     drop(workers); // kills any still running
+    let _ = fault_log.flush();
     let mut problems = Vec::new();
     for (w, st) in statuses.iter().enumerate() {
         let ok = st.is_some_and(|s| s.success());
@@ -685,12 +1068,14 @@ fn torture() {
             }
         }
     }
-    let counter_text = fs::read_to_string(counter_path(&dir)).expect("read counter");
-    let final_counter: u64 = counter_text
-        .trim()
-        .parse()
-        .unwrap_or_else(|e| panic!("counter file {counter_text:?}: {e}"));
-    let report = check(&logs, final_counter);
+    let (final_counter, highest_fence) =
+        FencedStore::peek(&store_path(&dir)).expect("read the store");
+    let run = Run {
+        fencing: true,
+        guard_ns: guard.as_nanos() as u64,
+        restarts,
+    };
+    let report = audit(&logs, final_counter, &run);
     if report.finished_threads != WORKERS * THREADS {
         problems.push(format!(
             "only {} of {} worker threads logged their summary",
@@ -723,6 +1108,41 @@ fn torture() {
                 faults.freeze, faults.thaw, faults.kill, faults.restart
             ));
         }
+        let pause_floor = (PAUSE_FLOOR_PER_10S * secs / 10).max(1);
+        if pauses.pauses < pause_floor {
+            problems.push(format!(
+                "only {} worker pauses in {secs} s (floor {pause_floor}): the run proves nothing",
+                pauses.pauses
+            ));
+        }
+    }
+    if pauses.resumes != pauses.pauses + pauses.stalls {
+        problems.push(format!(
+            "not every paused worker was resumed: {} pauses + {} stalls, {} resumes",
+            pauses.pauses, pauses.stalls, pauses.resumes
+        ));
+    }
+    // Floors of the fencing part (see the module docs).
+    if report.late_refused_writes < LATE_REFUSED_FLOOR {
+        problems.push(format!(
+            "only {} late writes refused by the store (floor {LATE_REFUSED_FLOOR}; {} stalls): \
+             fencing was not shown to stop a paused holder",
+            report.late_refused_writes, report.stalls
+        ));
+    }
+    let fence_floor = report.holds / 2;
+    if report.fence_pairs < fence_floor {
+        problems.push(format!(
+            "fence order asserted on only {} consecutive windows of {} holds (floor \
+             {fence_floor}); {} exempt for a restart in between",
+            report.fence_pairs, report.holds, report.fence_exempt
+        ));
+    }
+    if faults.restart > 0 && report.fence_pairs_across_restarts == 0 {
+        problems.push(format!(
+            "no fence-order pair spanned any of the {} node restarts",
+            faults.restart
+        ));
     }
     if report.try_contended < MIN_TRY_CONTENDED {
         problems.push(format!(
@@ -762,8 +1182,33 @@ fn torture() {
     );
     let _ = writeln!(
         summary,
-        "torture: late writes by paused holders: {} (not violations; lost increments are)",
-        report.late_writes
+        "torture: worker pauses={} (max {} stopped at once), stalls before a write={} \
+         (seen by the parent: {}); store refusals: writes={} (late={}) reads={} (late={}) \
+         while valid={}; late writes accepted={} (no newer fence had reached the store; \
+         lost increments would be violations); store: value={final_counter} \
+         highest fence={highest_fence}",
+        pauses.pauses,
+        pauses.max_paused,
+        report.stalls,
+        pauses.stalls,
+        report.refused_writes,
+        report.late_refused_writes,
+        report.refused_reads,
+        report.late_refused_reads,
+        report.refused_in_window,
+        report.late_writes,
+    );
+    let _ = writeln!(
+        summary,
+        "torture: fences: {} holds fenced; strictly increasing in window order over {} \
+         consecutive pairs ({} across a node kill or restart), violations={}; {} pairs \
+         not asserted (a restart could have erased the earlier fence; {} of them regressed)",
+        report.fenced_holds,
+        report.fence_pairs,
+        report.fence_pairs_across_restarts,
+        report.fence_violations,
+        report.fence_exempt,
+        report.fence_exempt_regressions,
     );
     let _ = writeln!(
         summary,
@@ -792,13 +1237,17 @@ fn torture() {
     );
     let _ = write!(
         summary,
-        "torture: violations={} problems={}",
+        "torture: overlaps={} violations={} problems={}",
+        report.overlaps,
         report.violations.len(),
         problems.len()
     );
     println!("{summary}");
     for l in &report.late_examples {
         println!("  late write {l}");
+    }
+    for l in &report.fence_examples {
+        println!("  fence regression (allowed) {l}");
     }
     for v in report.violations.iter().take(20) {
         println!("  VIOLATION {v}");
@@ -835,14 +1284,99 @@ fn torture() {
 // Tests of the checker itself: it must be able to fail.
 
 fn h_line(w: usize, t: usize, hold: u64, acq: u64, deadline: u64, rel: u64) -> String {
-    hold_line(w, t, hold, acq - 5, acq - 3, acq, deadline, rel, false)
+    fh_line(w, t, hold, acq, deadline, rel, None)
+}
+
+/// A hold with a fence; `started` is 3 before `acq`.
+fn fh_line(
+    w: usize,
+    t: usize,
+    hold: u64,
+    acq: u64,
+    deadline: u64,
+    rel: u64,
+    fence: Option<u64>,
+) -> String {
+    fenced_hold_line(
+        w,
+        t,
+        hold,
+        acq - 5,
+        acq - 3,
+        acq,
+        deadline,
+        rel,
+        false,
+        fence,
+    )
 }
 
 fn w_line(w: usize, t: usize, hold: u64, before: u64, start: u64, end: u64) -> String {
-    format!("W {w} {t} {hold} {before} {} {start} {end}\n", before + 1)
+    fw_line(w, t, hold, None, before, start, end)
 }
 
-const E_LINE: &str = "E 0 0 2 1 0 0 0 0 0 0 4 12\n";
+fn fw_line(
+    w: usize,
+    t: usize,
+    hold: u64,
+    fence: Option<u64>,
+    before: u64,
+    start: u64,
+    end: u64,
+) -> String {
+    format!(
+        "W {w} {t} {hold} {} {before} {} {start} {end}\n",
+        Fence(fence),
+        before + 1
+    )
+}
+
+/// A refused store operation (`op` is `read` or `write`).
+#[allow(clippy::too_many_arguments)]
+fn r_line(
+    w: usize,
+    t: usize,
+    hold: u64,
+    fence: u64,
+    op: &str,
+    highest: u64,
+    start: u64,
+    end: u64,
+) -> String {
+    format!("R {w} {t} {hold} {fence} {op} {highest} {start} {end}\n")
+}
+
+const E_LINE: &str = "E 0 0 2 1 0 0 0 0 0 0 4 3 12\n";
+
+const MS: u64 = 1_000_000;
+
+fn fenced_run(restarts: Vec<Restart>, guard_ms: u64) -> Run {
+    Run {
+        fencing: true,
+        guard_ns: guard_ms * MS,
+        restarts,
+    }
+}
+
+#[test]
+fn fenced_store_refuses_stale_fences_on_reads_and_writes() {
+    let dir = temp_dir();
+    let path = store_path(&dir);
+    FencedStore::create(&path, 0).unwrap();
+    let store = FencedStore::new(path.clone());
+    assert_eq!(store.read(1).unwrap().unwrap(), 0);
+    store.write(1, 1).unwrap().unwrap();
+    // A newer holder's read registers its fence: the older one can no longer write.
+    assert_eq!(store.read(3).unwrap().unwrap(), 1);
+    assert_eq!(store.write(2, 5).unwrap().unwrap_err().highest, 3);
+    assert_eq!(store.read(2).unwrap().unwrap_err().highest, 3);
+    assert_eq!(FencedStore::peek(&path).unwrap(), (1, 3));
+    store.write(3, 2).unwrap().unwrap();
+    store.write(12, 3).unwrap().unwrap();
+    assert_eq!(FencedStore::peek(&path).unwrap(), (3, 12));
+    assert_eq!(fs::read_to_string(&path).unwrap(), "3 12\n");
+    let _ = fs::remove_dir_all(&dir);
+}
 
 #[test]
 fn checker_accepts_a_clean_log() {
@@ -854,7 +1388,10 @@ fn checker_accepts_a_clean_log() {
     assert!(r.violations.is_empty(), "{:?}", r.violations);
     assert_eq!((r.holds, r.increments, r.skipped), (2, 2, 1));
     assert_eq!(r.finished_threads, 1);
-    assert_eq!((r.taken, r.try_contended, r.late_writes), (1, 4, 0));
+    assert_eq!(
+        (r.taken, r.try_contended, r.late_writes, r.stalls),
+        (1, 4, 0, 3)
+    );
 }
 
 #[test]
@@ -929,6 +1466,131 @@ fn checker_counts_late_writes_apart_unless_they_lose_an_increment() {
     assert_eq!(r.late_writes, 1);
     assert!(
         r.violations.iter().any(|v| v.starts_with("lost update")),
+        "{:?}",
+        r.violations
+    );
+}
+
+#[test]
+fn checker_counts_refused_late_writes_apart_from_increments() {
+    // A (fence 1) read 0, passed its last check at 250 ms, was paused, and wrote at 500 ms,
+    // after B (fence 2) had read and written: the store refused A. One increment.
+    let a = fh_line(0, 0, 1, 100 * MS, 400 * MS, u64::MAX, Some(1))
+        + &r_line(0, 0, 1, 1, "write", 2, 250 * MS, 500 * MS);
+    let b = fh_line(1, 0, 1, 410 * MS, 700 * MS, 600 * MS, Some(2))
+        + &fw_line(1, 0, 1, Some(2), 0, 420 * MS, 430 * MS)
+        + &r_line(1, 0, 1, 2, "read", 3, 440 * MS, 750 * MS);
+    let logs = [("a".to_string(), a), ("b".to_string(), b)];
+    let r = audit(&logs, 1, &fenced_run(vec![], 0));
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert_eq!(r.increments, 1);
+    assert_eq!((r.refused_writes, r.late_refused_writes), (1, 1));
+    assert_eq!((r.refused_reads, r.late_refused_reads), (1, 1));
+    assert_eq!((r.late_writes, r.refused_in_window), (0, 0));
+    assert_eq!(
+        (r.fenced_holds, r.fence_pairs, r.fence_violations),
+        (2, 1, 0)
+    );
+    // Had the store let A's write through, the file would say 2: a lost update.
+    let r = audit(&logs, 2, &fenced_run(vec![], 0));
+    assert!(
+        r.violations.iter().any(|v| v.starts_with("lost update")),
+        "{:?}",
+        r.violations
+    );
+}
+
+#[test]
+fn checker_reports_fences_out_of_window_order_unless_a_restart_explains_it() {
+    // B's window follows A's, but its fence is not larger.
+    let a = fh_line(0, 0, 1, 100 * MS, 200 * MS, 190 * MS, Some(5));
+    let b = fh_line(1, 0, 1, 210 * MS, 300 * MS, 290 * MS, Some(5));
+    let logs = [("a".to_string(), a), ("b".to_string(), b)];
+    let r = audit(&logs, 0, &fenced_run(vec![], 0));
+    assert_eq!(r.fence_violations, 1, "{:?}", r.violations);
+    assert!(
+        r.violations[0].starts_with("fence order"),
+        "{:?}",
+        r.violations
+    );
+    // A node killed after A started and restarted before B returned: it may have been
+    // one of B's voters without A's fence. Not asserted, counted.
+    let restart = |killed: u64, restarted: u64| Restart {
+        node: 3,
+        killed_ns: killed * MS,
+        restarted_ns: restarted * MS,
+    };
+    let r = audit(&logs, 0, &fenced_run(vec![restart(150, 160)], 0));
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert_eq!(
+        (r.fence_pairs, r.fence_exempt, r.fence_exempt_regressions),
+        (0, 1, 1)
+    );
+    assert_eq!(r.fence_examples.len(), 1);
+    // With a 100 ms restart guard, a node restarted at 160 ms could not vote by 210 ms.
+    let r = audit(&logs, 0, &fenced_run(vec![restart(150, 160)], 100));
+    assert_eq!(r.fence_violations, 1, "{:?}", r.violations);
+    // Killed before A started: it was down for A's write-back, which it could not lose.
+    let r = audit(&logs, 0, &fenced_run(vec![restart(50, 160)], 0));
+    assert_eq!(r.fence_violations, 1, "{:?}", r.violations);
+    // Increasing fences across that restart: asserted, and counted as across a restart.
+    let b = fh_line(1, 0, 1, 210 * MS, 300 * MS, 290 * MS, Some(6));
+    let logs = [(String::from("a"), logs[0].1.clone()), ("b".to_string(), b)];
+    let r = audit(&logs, 0, &fenced_run(vec![restart(50, 160)], 0));
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert_eq!((r.fence_pairs, r.fence_pairs_across_restarts), (1, 1));
+    // A fenced run in which a hold has no fence.
+    let c = h_line(2, 0, 1, 310 * MS, 400 * MS, 390 * MS);
+    let logs = [logs[0].clone(), logs[1].clone(), ("c".to_string(), c)];
+    let r = audit(&logs, 0, &fenced_run(vec![], 0));
+    assert!(
+        r.violations.iter().any(|v| v.contains("has no fence")),
+        "{:?}",
+        r.violations
+    );
+}
+
+#[test]
+fn checker_reports_refusals_while_valid_and_a_store_that_lets_stale_fences_through() {
+    // Refused while still valid, with fences in order: nothing explains it.
+    let a = fh_line(0, 0, 1, 100 * MS, 200 * MS, 190 * MS, Some(1))
+        + &r_line(0, 0, 1, 1, "read", 7, 110 * MS, 111 * MS);
+    let b = fh_line(1, 0, 1, 210 * MS, 300 * MS, 290 * MS, Some(2));
+    let logs = [("a".to_string(), a.clone()), ("b".to_string(), b.clone())];
+    let r = audit(&logs, 0, &fenced_run(vec![], 0));
+    assert_eq!(r.refused_in_window, 1);
+    assert!(
+        r.violations
+            .iter()
+            .any(|v| v.starts_with("refused while valid")),
+        "{:?}",
+        r.violations
+    );
+    // A refusal that names no larger fence.
+    let a2 = fh_line(0, 0, 1, 100 * MS, 200 * MS, 190 * MS, Some(3))
+        + &r_line(0, 0, 1, 3, "write", 3, 110 * MS, 250 * MS);
+    let r = audit(&[("a".to_string(), a2)], 0, &fenced_run(vec![], 0));
+    assert!(
+        r.violations.iter().any(|v| v.starts_with("store refusal")),
+        "{:?}",
+        r.violations
+    );
+    // B (fence 4) wrote 0 -> 1; then A (fence 3), paused, wrote 1 -> 2 late, and the
+    // store took it.
+    let a = fh_line(0, 0, 1, 100 * MS, 200 * MS, u64::MAX, Some(3))
+        + &fw_line(0, 0, 1, Some(3), 1, 150 * MS, 250 * MS);
+    let b = fh_line(1, 0, 1, 210 * MS, 300 * MS, 290 * MS, Some(4))
+        + &fw_line(1, 0, 1, Some(4), 0, 220 * MS, 230 * MS);
+    let r = audit(
+        &[("a".into(), a), ("b".into(), b)],
+        2,
+        &fenced_run(vec![], 0),
+    );
+    assert_eq!(r.late_writes, 1);
+    assert!(
+        r.violations
+            .iter()
+            .any(|v| v.starts_with("store accepted a stale fence")),
         "{:?}",
         r.violations
     );
