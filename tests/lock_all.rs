@@ -57,6 +57,11 @@ fn a_partly_held_set_fails_and_leaves_nothing_behind() {
     let mut rl = client(&cluster);
     let mut other = client(&cluster);
     let held = other.lock("part:b", TTL).expect("lock b");
+    // `lock` returns at a majority: wait until every node holds b, so that no node can
+    // run the set's script before it.
+    assert!(wait_until(Duration::from_secs(10), || {
+        (0..5).all(|n| holder(&cluster, n, "part:b").as_deref() == Some(held.token()))
+    }));
     let err = rl
         .lock_all(&["part:a", "part:b", "part:c"], TTL)
         .expect_err("b is held");
@@ -83,12 +88,14 @@ fn extend_renews_every_key_or_none() {
         .expect("lock");
     rl.extend(&mut lock, Duration::from_secs(60))
         .expect("extend");
-    for n in 0..5 {
-        for key in ["ext:a", "ext:b"] {
-            let pttl = cluster.node(n).admin().pttl(key);
-            assert!(pttl > 30_000, "node {n} {key}: pttl {pttl}");
-        }
-    }
+    // `extend` returns at a majority; the others follow.
+    assert!(wait_until(Duration::from_secs(10), || {
+        (0..5).all(|n| {
+            ["ext:a", "ext:b"]
+                .iter()
+                .all(|key| cluster.node(n).admin().pttl(key) > 30_000)
+        })
+    }));
     // One key gone on every node: the extend fails and touches no other key.
     for n in 0..5 {
         cluster.node(n).admin().del("ext:b");
