@@ -389,6 +389,7 @@ fn script_digests_match_what_redis_computes() {
         (s::FENCE, s::FENCE_SHA),
         (s::RELEASE_ALL, s::RELEASE_ALL_SHA),
         (s::EXTEND_ALL, s::EXTEND_ALL_SHA),
+        (s::RELEASE_FENCED, s::RELEASE_FENCED_SHA),
     ] {
         let reply = admin.cmd(&[&b"SCRIPT"[..], b"LOAD", body]);
         assert_eq!(reply.as_bytes(), Some(&sha[..]), "{reply:?}");

@@ -50,6 +50,16 @@ pub const EXTEND_ALL: &[u8] = br#"for i=1,#KEYS do if redis.call("get",KEYS[i])~
 /// SHA1 of [`EXTEND_ALL`].
 pub const EXTEND_ALL_SHA: &[u8; 40] = b"625585dd655db49164a0d3f383c152341a6e2375";
 
+/// A fenced lock's release: for each of the `n = #KEYS / 2` lock keys (`KEYS[1..n]`) whose
+/// value is `ARGV[1]`, raises its fence counter (`KEYS[n + i]`) to `ARGV[2]` where lower,
+/// then deletes the key. Returns 1 if every key was ours, else 0. A key is never freed
+/// on a node without its holder's fence there: the next holder's acquire, which needs the
+/// key free, reads it.
+pub const RELEASE_FENCED: &[u8] = br#"local n=#KEYS/2 local f=tonumber(ARGV[2]) local d=0 for i=1,n do if redis.call("get",KEYS[i])==ARGV[1] then local c=tonumber(redis.call("get",KEYS[n+i])) if not c or c<f then redis.call("set",KEYS[n+i],ARGV[2]) end redis.call("del",KEYS[i]) d=d+1 end end if d==n then return 1 end return 0"#;
+
+/// SHA1 of [`RELEASE_FENCED`].
+pub const RELEASE_FENCED_SHA: &[u8; 40] = b"618074970e215b2024cb8e0ba42cef451404a990";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +122,6 @@ mod tests {
         assert_eq!(sha1_hex(FENCE).as_bytes(), FENCE_SHA);
         assert_eq!(sha1_hex(RELEASE_ALL).as_bytes(), RELEASE_ALL_SHA);
         assert_eq!(sha1_hex(EXTEND_ALL).as_bytes(), EXTEND_ALL_SHA);
+        assert_eq!(sha1_hex(RELEASE_FENCED).as_bytes(), RELEASE_FENCED_SHA);
     }
 }
