@@ -506,14 +506,16 @@ impl Builder {
     }
 
     /// The restart guard (default off): a node's yes to an acquire counts only once it has
-    /// been up for `d`. Set it to the longest ttl in use.
+    /// been up for `d`. **Set it to the longest ttl in use plus one second.**
     ///
     /// A Redis node that restarts without persistence comes back empty, and can then
     /// grant a second client a key that the first still holds on a bare majority: the
     /// Redlock spec's answer is to keep a crashed node down for the longest ttl. The
     /// guard enforces that from the client: every connection reads the node's
-    /// `INFO server` (`uptime_in_seconds`, rounded down, so a node is taken to be as
-    /// young as it can be), and until the node has been up for `d` its yes reads as
+    /// `INFO server`, and the node's start is taken to be the moment the reply was read
+    /// minus its `uptime_in_seconds`. Redis computes that uptime as the difference of two
+    /// whole-second wall-clock readings, so it can exceed the real uptime by up to a
+    /// second: hence the extra second. Until the node has been up for `d` its yes reads as
     /// [`NodeError::YoungerThanGuard`] in reports, its no still counts, and it is still
     /// sent every command (so the key it may set is cleaned up as usual). A node whose
     /// `INFO` is refused (an ACL without it) never counts a yes:
