@@ -30,6 +30,7 @@ use crate::core::round::Decision;
 use crate::error::{ArgumentError, Error, Phase};
 use crate::lock::Lock;
 use crate::redlock::Redlock;
+use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
 
 /// With fencing on, a ttl must be at least this many `node_timeout`s: an acquire round
@@ -77,10 +78,11 @@ impl Redlock {
         start: Instant,
         attempt: u32,
     ) -> Result<Lock, Error> {
-        let fence = self.round.counter(0).unwrap_or(0).saturating_add(1);
+        // One more than the largest counter read: at least 1.
+        let fence = NonZeroU64::MIN.saturating_add(self.round.counter(0).unwrap_or(0));
         let req = Request {
             atomic,
-            fencing: Fencing::Write(fence),
+            fencing: Fencing::Write(fence.get()),
             ..Request::new(Phase::Fence, 0, items, 0)
         };
         self.driver.run(&mut self.round, &req);
@@ -123,10 +125,10 @@ impl Redlock {
             .iter()
             .filter_map(|&slot| self.round.counter(slot))
             .max();
-        let fence = highest.unwrap_or(0).saturating_add(1);
+        let fence = NonZeroU64::MIN.saturating_add(highest.unwrap_or(0));
         let fenced: Vec<Item<'_>> = won.iter().map(|&slot| items[slot]).collect();
         let req = Request {
-            fencing: Fencing::Write(fence),
+            fencing: Fencing::Write(fence.get()),
             ..Request::new(Phase::Fence, 0, &fenced, 0)
         };
         self.driver.run(&mut self.round, &req);
