@@ -228,6 +228,11 @@ pub struct Engine {
     /// While the current round writes nothing yet, waiting for the deletes of the last
     /// lost attempt: when it stops waiting for the stragglers.
     hold_until: Option<Instant>,
+    /// A superset of the nodes whose outbox holds bytes: set wherever bytes are queued
+    /// ([`Engine::send`] past a short write, a connection opened with its handshake),
+    /// narrowed by [`Engine::writes_pending`]. Empty in steady state, so that test is one
+    /// compare.
+    queued: u64,
 }
 
 impl Engine {
@@ -253,6 +258,7 @@ impl Engine {
             lost_keys: Vec::with_capacity(4),
             held: 0,
             hold_until: None,
+            queued: 0,
         }
         .watching(now)
     }
@@ -360,7 +366,12 @@ impl Engine {
     /// did not count it.
     #[inline]
     pub fn take_slow_work(&mut self) -> bool {
-        std::mem::take(&mut self.slow_work)
+        // A store only when it was set: the common answer is a load and a test.
+        if self.slow_work {
+            self.slow_work = false;
+            return true;
+        }
+        false
     }
 
     /// Opens connections whose backoff has passed; drops connects that take too long.
@@ -384,7 +395,11 @@ impl Engine {
 
     fn connect<T: Transport>(&mut self, t: &mut T, node: usize, now: Instant) {
         match t.open(node) {
-            Ok(()) => self.sessions[node].opened(now),
+            Ok(()) => {
+                // The handshake waits in the outbox until the connection is established.
+                self.sessions[node].opened(now);
+                self.queued |= node_bit(node);
+            }
             Err(e) => self.drop_conn(t, node, e, now),
         }
     }
@@ -397,10 +412,13 @@ impl Engine {
 
     /// Queues `count` commands on `node`, for slots `expect.slot..`, writing them at once
     /// if the line is idle.
+    /// Bytes left in the outbox mark `node` in `queued` (the engine's superset of the
+    /// nodes with bytes queued).
     #[inline(always)]
     fn send<T: Transport>(
         t: &mut T,
         s: &mut Session,
+        queued: &mut u64,
         node: usize,
         bytes: &[u8],
         expect: Expect,
@@ -411,8 +429,10 @@ impl Engine {
             if n == bytes.len() {
                 return Ok(());
             }
+            *queued |= node_bit(node);
             return s.queue(&bytes[n..]);
         }
+        *queued |= node_bit(node);
         s.queue(bytes)
     }
 
@@ -519,7 +539,7 @@ impl Engine {
                 s.sent = true;
                 s.note_write(self.write_until);
                 let bytes = self.frames[(self.round_id & 1) as usize].bytes();
-                if let Err(e) = Self::send(t, s, node, bytes, expect, commands) {
+                if let Err(e) = Self::send(t, s, &mut self.queued, node, bytes, expect, commands) {
                     self.fail_conn(t, node, e, Some(active));
                 }
             } else {
@@ -554,6 +574,13 @@ impl Engine {
     #[inline]
     pub fn hold_until(&self) -> Option<Instant> {
         self.hold_until
+    }
+
+    /// Whether the current round holds its writes back ([`Engine::hold_until`] is set):
+    /// one test for the caller's loop, which otherwise never looks at the hold.
+    #[inline]
+    pub fn holding(&self) -> bool {
+        self.hold_until.is_some()
     }
 
     /// At `now`, past [`Engine::hold_until`]: stops waiting for the deletes that are not
@@ -653,7 +680,15 @@ impl Engine {
             active.req,
             s.extend_script_known,
         );
-        if let Err(e) = Self::send(t, s, node, bytes, expect, active.req.commands()) {
+        if let Err(e) = Self::send(
+            t,
+            s,
+            &mut self.queued,
+            node,
+            bytes,
+            expect,
+            active.req.commands(),
+        ) {
             self.fail_conn(t, node, e, Some(active));
         }
     }
@@ -688,7 +723,15 @@ impl Engine {
             sent_at: now,
         };
         let s = &mut self.sessions[node];
-        match Self::send(t, s, node, &self.extra, expect, items.len()) {
+        match Self::send(
+            t,
+            s,
+            &mut self.queued,
+            node,
+            &self.extra,
+            expect,
+            items.len(),
+        ) {
             Ok(()) => s.deletes_owed += items.len(),
             Err(e) => self.drop_conn(t, node, e, now),
         }
@@ -893,7 +936,15 @@ impl Engine {
                 sent_at: *sent_at.get_or_insert_with(|| t.now()),
             };
             let bytes = self.frames[(self.round_id & 1) as usize].bytes();
-            if let Err(e) = Self::send(t, s, node, bytes, expect, active.req.commands()) {
+            if let Err(e) = Self::send(
+                t,
+                s,
+                &mut self.queued,
+                node,
+                bytes,
+                expect,
+                active.req.commands(),
+            ) {
                 self.fail_conn(t, node, e, Some(active));
             }
         }
@@ -1010,7 +1061,7 @@ impl Engine {
                     }
                 }
                 let s = &mut self.sessions[node];
-                if let Err(e) = Self::send(t, s, node, &self.extra, expect, 1) {
+                if let Err(e) = Self::send(t, s, &mut self.queued, node, &self.extra, expect, 1) {
                     self.fail_conn(t, node, e, active);
                     return false;
                 }
@@ -1085,7 +1136,17 @@ impl Engine {
                     active.req,
                     s.extend_script_known,
                 );
-                if Self::send(t, s, node, bytes, expect, active.req.commands()).is_ok() {
+                if Self::send(
+                    t,
+                    s,
+                    &mut self.queued,
+                    node,
+                    bytes,
+                    expect,
+                    active.req.commands(),
+                )
+                .is_ok()
+                {
                     s.sent = true;
                     s.note_write(self.write_until);
                     return;
@@ -1137,7 +1198,15 @@ impl Engine {
                 kind: Expected::Command(Phase::Release),
                 sent_at: now,
             };
-            match Self::send(t, s, node, &self.extra, expect, lost.len()) {
+            match Self::send(
+                t,
+                s,
+                &mut self.queued,
+                node,
+                &self.extra,
+                expect,
+                lost.len(),
+            ) {
                 Ok(()) => s.deletes_owed += lost.len(),
                 Err(e) => self.drop_conn(t, node, e, now),
             }
@@ -1148,7 +1217,22 @@ impl Engine {
     /// connection being reopened, a full socket buffer). An unlock is decided by a
     /// majority, but each delete should at least have left the process before it
     /// returns: its caller may make no further call that would flush it.
-    pub fn writes_pending(&self) -> bool {
+    #[inline]
+    pub fn writes_pending(&mut self) -> bool {
+        self.queued != 0 && self.writes_pending_slow()
+    }
+
+    /// [`Engine::writes_pending`] once some node may have bytes queued: looks, and
+    /// narrows `queued` to the nodes that do.
+    #[cold]
+    fn writes_pending_slow(&mut self) -> bool {
+        let mut queued = 0;
+        for (node, s) in self.sessions.iter().enumerate() {
+            if s.has_unsent() {
+                queued |= node_bit(node);
+            }
+        }
+        self.queued = queued;
         self.sessions
             .iter()
             .any(|s| s.sent && s.state != State::Down && s.has_unsent())

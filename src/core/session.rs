@@ -508,7 +508,11 @@ impl Session {
         // A reply nobody waits for carries `UNCOUNTED`, which no round id equals: the
         // caller reads and drops it.
         let vote = (expect.round, expect.slot, yes);
-        self.extend_script_known |= phase == Phase::Extend;
+        if phase == Phase::Extend {
+            // The extend script answered 0 or 1: the node has it cached. A branch, not
+            // a store on every vote.
+            self.extend_script_known = true;
+        }
         self.consume(used);
         Some(vote)
     }

@@ -122,21 +122,11 @@ impl Driver {
                     }
                 }
             };
-            // An acquire holding its writes back for the last lost attempt's deletes
-            // (see `Engine::hold_until`) stops waiting for them in time.
-            let hold_until = self.engine.hold_until();
-            let timeout = match hold_until {
-                Some(until) => timeout.min(until.saturating_duration_since(Instant::now())),
-                None => timeout,
+            let woke = if self.engine.holding() {
+                self.poll_holding(&mut events, timeout, &mut active, &mut budget)
+            } else {
+                self.poll_once(&mut events, timeout, Some(&mut active))
             };
-            let woke = self.poll_once(&mut events, timeout, Some(&mut active));
-            if hold_until.is_some() {
-                let now = Instant::now();
-                self.engine.release_held(&mut self.net, &mut active, now);
-                // The budget counted a wait that may have been cut short: let the clock
-                // size the next one.
-                budget.expire();
-            }
             if !woke || self.engine.take_slow_work() {
                 // A wait that ended with nothing to show may have run late (timer slack,
                 // a busy machine), and slow-path work (a hostile node's trickle, a
@@ -155,6 +145,29 @@ impl Driver {
         debug_assert!(!active.round.has_unstamped());
         self.events = events;
         start
+    }
+
+    /// [`Driver::poll_once`] for an acquire holding its writes back for the last lost
+    /// attempt's deletes (see `Engine::hold_until`): the wait ends in time to stop
+    /// waiting for them, and the budget, which counted a wait that may have been cut
+    /// short, lets the clock size the next one.
+    #[cold]
+    fn poll_holding(
+        &mut self,
+        events: &mut Events,
+        timeout: Duration,
+        active: &mut Active<'_>,
+        budget: &mut WaitBudget,
+    ) -> bool {
+        let timeout = match self.engine.hold_until() {
+            Some(until) => timeout.min(until.saturating_duration_since(Instant::now())),
+            None => timeout,
+        };
+        let woke = self.poll_once(events, timeout, Some(active));
+        let now = Instant::now();
+        self.engine.release_held(&mut self.net, active, now);
+        budget.expire();
+        woke
     }
 
     /// Waits for events at most `timeout` and hands them to the engine; false when the
