@@ -525,8 +525,8 @@ impl Writer<'_> {
         self.at = end;
     }
 
-    /// Writes `v`, which has `n` digits (from [`digits`]), straight into place, two
-    /// digits per division.
+    /// Writes `v`, which has `n` digits (from [`digits`]: exactly, or the output is
+    /// wrong), straight into place, two digits per division.
     #[inline(always)]
     fn decimal(&mut self, mut v: u64, n: usize) {
         const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
@@ -544,7 +544,9 @@ impl Writer<'_> {
             i -= 2;
         }
         if i == 1 {
-            out[0] = b'0' + (v % 10) as u8;
+            // `n` is `v`'s digit count, so one digit is left: no division.
+            debug_assert!(v < 10);
+            out[0] = b'0' + v as u8;
         }
         self.at = end;
     }
