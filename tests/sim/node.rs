@@ -11,12 +11,13 @@
 //!   skips two bytes blindly), so an encoder that miscounts a length is caught at once.
 //! - Commands: `PING [msg]`, `AUTH [user] pass`, `SELECT db`, `SET key value [NX|XX]
 //!   [EX s|PX ms|KEEPTTL]`, `GET`, `DEL key…`, `PEXPIRE key ms [NX|XX|GT|LT]`, `PTTL`,
-//!   `EVAL`/`EVALSHA` of exactly the client's six scripts (`core::script`'s `RELEASE`,
-//!   `EXTEND`, `ACQUIRE`, `FENCE`, `RELEASE_ALL`, `EXTEND_ALL`), `SCRIPT FLUSH|LOAD|EXISTS`,
-//!   `INFO` (the server section's `run_id` and `uptime_in_seconds` only), `QUIT`. The
-//!   order of checks is Redis 7's: unknown command, then arity, then `NOAUTH`, then the
-//!   command's own argument errors. Replies and error texts were compared byte for
-//!   byte with `redis-server` 7.0.15 (the unit tests pin them).
+//!   `EVAL`/`EVALSHA` of exactly the client's seven scripts (`core::script`'s `RELEASE`,
+//!   `EXTEND`, `ACQUIRE`, `FENCE`, `RELEASE_ALL`, `EXTEND_ALL`, `RELEASE_FENCED`),
+//!   `SCRIPT FLUSH|LOAD|EXISTS`, `INFO` (the server section's `run_id` and
+//!   `uptime_in_seconds` only), `QUIT`. The order of checks is Redis 7's: unknown
+//!   command, then arity, then `NOAUTH`, then the command's own argument errors. Replies
+//!   and error texts were compared byte for byte with `redis-server` 7.0.15 (the unit
+//!   tests pin them).
 //! - Time: the node reads only the `now` it is given (nanoseconds on its own clock, which
 //!   may jump or run backwards: Redis expires by wall-clock time). Like Redis, it works in
 //!   whole milliseconds: `PX ms` sets the expiry to `now_ms + ms` with
@@ -24,9 +25,18 @@
 //!   time `t` with `PX ms` is still there at `t + ms` and gone from
 //!   `(floor(t / 1 ms) + ms + 1) ms` on: it can outlive its ttl by up to 1 ms, which is
 //!   what the Redlock drift allowance's `+ 2 ms` is for.
+//! - Uptime: Redis's `uptime_in_seconds` is `time(NULL)` now minus `time(NULL)` at the
+//!   start, a difference of two whole-second wall-clock readings, so it can exceed the
+//!   real uptime by up to (not including) 1 s: started at 12.9 s and asked at 13.1 s, it
+//!   reads 1. The node models the wall clock as its own clock plus a fixed phase below
+//!   1 s drawn from its seed ([`SimNode::wall_phase`]): a restart at node time `t` starts
+//!   in second `floor((t + phase) / 1 s)`, and the uptime at `now` is
+//!   `floor((now + phase) / 1 s)` minus that. A node never restarted started a day (in
+//!   whole wall-clock seconds) before its time 0. Deviation: a clock set back past the
+//!   start reads 0, where Redis would print a negative number.
 //! - Expiry is lazy (every access checks), plus [`SimNode::expire_all`]; Redis's active
 //!   expiry samples keys at random, which no command can observe.
-//! - The script cache: `EVAL` and `SCRIPT LOAD` of any of the six cache it by its SHA1
+//! - The script cache: `EVAL` and `SCRIPT LOAD` of any of the seven cache it by its SHA1
 //!   (the constants of `core::script`, the script matched by its exact text); `EVALSHA` of
 //!   a script not cached answers `-NOSCRIPT`. `SCRIPT FLUSH` and [`SimNode::restart`]
 //!   empty it. Any other script is refused with an error that says it is not modelled.
@@ -44,11 +54,15 @@
 //!   exponent, hexadecimal `0x…` with optional fraction and `p` exponent, `inf`,
 //!   `infinity`, `nan`, `nan(…)`, each optionally signed), anything else being nil; `for`
 //!   loops step in doubles and `KEYS[i]` is nil for an `i` that is not a whole number in
-//!   range; a number returned is replied as C's `(long long)` of it, truncating toward
-//!   zero. Deviations: a hexadecimal number of more than 53 significant bits, or whose
-//!   value is subnormal, may round differently from glibc; a returned number out of the
-//!   `i64` range (or NaN) answers `i64::MIN`, which is what x86-64 gives (C leaves it
-//!   undefined, so another CPU may differ). Pinned against `redis-server` 7.0.15.
+//!   range (so `RELEASE_FENCED`'s `n = #KEYS/2` is a double: for an odd `#KEYS` its loop
+//!   runs over the whole `i` up to `n`, `KEYS[n+i]` has a half and is nil, so the first
+//!   lock key that holds the token raises in `get` before any write, and with none
+//!   holding it `d==n` is false: 0); a number returned is replied as C's `(long long)`
+//!   of it, truncating toward zero. Deviations: a hexadecimal number of more than 53
+//!   significant bits, or whose value is subnormal, may round differently from glibc; a
+//!   returned number out of the `i64` range (or NaN) answers `i64::MIN`, which is what
+//!   x86-64 gives (C leaves it undefined, so another CPU may differ). Pinned against
+//!   `redis-server` 7.0.15.
 //! - Faults: [`SimNode::restart`] (no persistence: every key, the script cache and every
 //!   connection lost; connection ids are never reused, so a stale id reads as closed).
 //!   Freezes, latency and partial writes are the simulation's business: it just does not
@@ -67,7 +81,7 @@ use std::ops::Range;
 
 use quorumlock::__private::core::script::{
     ACQUIRE, ACQUIRE_SHA, EXTEND, EXTEND_ALL, EXTEND_ALL_SHA, EXTEND_SHA, FENCE, FENCE_SHA,
-    RELEASE, RELEASE_ALL, RELEASE_ALL_SHA, RELEASE_SHA,
+    RELEASE, RELEASE_ALL, RELEASE_ALL_SHA, RELEASE_FENCED, RELEASE_FENCED_SHA, RELEASE_SHA,
 };
 
 /// A time on one node's own clock, in nanoseconds.
@@ -75,6 +89,9 @@ pub type SimTime = u64;
 
 /// Nanoseconds per millisecond.
 pub const NS_PER_MS: SimTime = 1_000_000;
+
+/// Nanoseconds per second.
+pub const NS_PER_SEC: SimTime = 1_000 * NS_PER_MS;
 
 /// Bytes of input a connection may hold without a complete command (and the longest bulk).
 pub const MAX_QUERY: usize = 1 << 20;
@@ -382,7 +399,7 @@ pub fn string2ll(s: &[u8]) -> Option<i64> {
     }
 }
 
-/// The scripts the node can run: the client's six, known by their exact text or digest.
+/// The scripts the node can run: the client's seven, known by their exact text or digest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Script {
     Release,
@@ -391,16 +408,18 @@ enum Script {
     Fence,
     ReleaseAll,
     ExtendAll,
+    ReleaseFenced,
 }
 
 impl Script {
-    const ALL: [Script; 6] = [
+    const ALL: [Script; 7] = [
         Script::Release,
         Script::Extend,
         Script::Acquire,
         Script::Fence,
         Script::ReleaseAll,
         Script::ExtendAll,
+        Script::ReleaseFenced,
     ];
 
     fn text(self) -> &'static [u8] {
@@ -411,6 +430,7 @@ impl Script {
             Script::Fence => FENCE,
             Script::ReleaseAll => RELEASE_ALL,
             Script::ExtendAll => EXTEND_ALL,
+            Script::ReleaseFenced => RELEASE_FENCED,
         }
     }
 
@@ -422,6 +442,7 @@ impl Script {
             Script::Fence => FENCE_SHA,
             Script::ReleaseAll => RELEASE_ALL_SHA,
             Script::ExtendAll => EXTEND_ALL_SHA,
+            Script::ReleaseFenced => RELEASE_FENCED_SHA,
         }
     }
 
@@ -688,6 +709,9 @@ pub struct SimNode {
     run_id: [u8; 40],
     /// When this run started on the node's clock; `None`: a day before its time 0.
     started: Option<SimTime>,
+    /// Where the node's clock stands within the wall clock's whole second: wall-clock
+    /// time is node time plus this (below [`NS_PER_SEC`]), for `uptime_in_seconds`.
+    phase: SimTime,
     next_conn: u64,
     conns: BTreeMap<u64, Conn>,
     dbs: Vec<BTreeMap<Vec<u8>, Entry>>,
@@ -712,6 +736,7 @@ impl SimNode {
             rng,
             run_id,
             started: None,
+            phase: wall_phase(seed),
             next_conn: 1,
             conns: BTreeMap::new(),
             dbs: vec![BTreeMap::new(); DATABASES],
@@ -811,9 +836,10 @@ impl SimNode {
         fed
     }
 
-    /// A restart without persistence at `now` (its uptime counts from there): every
-    /// key, the script cache and every connection are lost. The password and users are
-    /// configuration: they stay.
+    /// A restart without persistence at `now` (its uptime counts from the wall-clock
+    /// second `now` falls in: see [`SimNode::wall_phase`]): every key, the script cache
+    /// and every connection are lost. The password and users are configuration: they
+    /// stay.
     pub fn restart(&mut self, now: SimTime) {
         self.started = Some(now);
         self.conns.clear();
@@ -823,6 +849,27 @@ impl SimNode {
         self.scripts.clear();
         self.restarts += 1;
         self.run_id = run_id(&mut self.rng);
+    }
+
+    /// Where the node's clock stands within the wall clock's whole second, fixed by the
+    /// seed and below [`NS_PER_SEC`]: node time `t` is wall-clock second
+    /// `floor((t + phase) / 1 s)`, and `uptime_in_seconds` is the difference of two such
+    /// seconds, as Redis's is of two `time(NULL)` readings.
+    pub fn wall_phase(&self) -> SimTime {
+        self.phase
+    }
+
+    /// `uptime_in_seconds` at node time `now`: whole wall-clock seconds now, minus those
+    /// at the start (a day before time 0 for a node never restarted). It can exceed the
+    /// real uptime by up to, not including, 1 s, and falls short of it by less than 1 s.
+    /// A clock set back past the start reads 0 (Redis would print a negative number).
+    pub fn uptime_secs(&self, now: SimTime) -> u64 {
+        let second = |t: SimTime| (u128::from(t) + u128::from(self.phase)) / u128::from(NS_PER_SEC);
+        let start = match self.started {
+            Some(at) => second(at) as i128,
+            None => -86_400,
+        };
+        (second(now) as i128 - start).max(0) as u64
     }
 
     /// Number of restarts so far.
@@ -929,10 +976,7 @@ impl SimNode {
             }
             // Any section list answers the server section: all the client asks for.
             Cmd::Info => {
-                let uptime = match self.started {
-                    Some(at) => now.saturating_sub(at) / (1000 * NS_PER_MS),
-                    None => 86_400 + now / (1000 * NS_PER_MS),
-                };
+                let uptime = self.uptime_secs(now);
                 let text = format!(
                     "# Server\r\nredis_version:7.0.15\r\nrun_id:{}\r\nuptime_in_seconds:{uptime}\r\n",
                     String::from_utf8_lossy(&self.run_id)
@@ -1245,6 +1289,7 @@ impl SimNode {
                 }
                 Ok(Lua::Number(1.0))
             }
+            Script::ReleaseFenced => self.release_fenced(db, keys, args, now_ms),
         }
     }
 
@@ -1329,6 +1374,55 @@ impl SimNode {
             }
         }
         Ok(Lua::Number(1.0))
+    }
+
+    /// `RELEASE_FENCED`, with `n = #KEYS/2` lock keys then their fence counters:
+    ///
+    /// ```lua
+    /// local n=#KEYS/2 local f=tonumber(ARGV[2]) local d=0
+    /// for i=1,n do if redis.call("get",KEYS[i])==ARGV[1] then
+    ///   local c=tonumber(redis.call("get",KEYS[n+i]))
+    ///   if not c or c<f then redis.call("set",KEYS[n+i],ARGV[2]) end
+    ///   redis.call("del",KEYS[i]) d=d+1 end end
+    /// if d==n then return 1 end return 0
+    /// ```
+    ///
+    /// `n` is a double: for an odd `#KEYS` it has a half, the loop runs over the whole
+    /// `i` up to it, and `KEYS[n+i]` (never whole) is nil, so the first key that is ours
+    /// raises in `get`; with none ours, `d==n` is false: 0.
+    fn release_fenced(
+        &mut self,
+        db: usize,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        now_ms: i64,
+    ) -> Result<Lua, Raised> {
+        let n = keys.len() as f64 / 2.0;
+        let (token, raw) = (args.first().copied(), args.get(1).copied());
+        let f = raw.and_then(lua_tonumber);
+        let mut d = 0.0;
+        for i in lua_for(1.0, n) {
+            let key = lua_index(keys, i);
+            if !lua_same(self.call_get(db, key, now_ms)?.as_deref(), token) {
+                continue;
+            }
+            let counter = lua_index(keys, n + i);
+            let c = self
+                .call_get(db, counter, now_ms)?
+                .and_then(|v| lua_tonumber(&v));
+            let lower = match (c, f) {
+                // `not c` short-circuits, as in `FENCE`.
+                (None, _) => true,
+                (Some(c), Some(f)) => c < f,
+                (Some(_), None) => return Err(lua_error("attempt to compare number with nil")),
+            };
+            if lower {
+                self.call_set(db, &[counter, raw], now_ms)?;
+            }
+            self.call_del(db, key, now_ms)?;
+            d += 1.0;
+        }
+        Ok(Lua::Number(if d == n { 1.0 } else { 0.0 }))
     }
 
     /// `redis.call("get",key)`: the value, or `None` for Lua's `false` (no such key).
@@ -1457,6 +1551,15 @@ fn unknown_command(out: &mut Vec<u8>, argv: &[&[u8]]) {
 /// Node time in whole milliseconds, as Redis reads it.
 fn ms(now: SimTime) -> i64 {
     (now / NS_PER_MS) as i64
+}
+
+/// A node's wall-clock phase (see [`SimNode::wall_phase`]): SplitMix64 of its seed, so it
+/// draws nothing from the node's generator (run ids stay what they were).
+fn wall_phase(seed: u64) -> SimTime {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) % NS_PER_SEC
 }
 
 fn run_id(rng: &mut fastrand::Rng) -> [u8; 40] {
@@ -2533,13 +2636,16 @@ mod tests {
 
     /// One chunk of hostile input: noise, valid commands, or valid commands mangled.
     fn chunk(rng: &mut fastrand::Rng) -> Vec<u8> {
-        let cmds: [Vec<&[u8]>; 17] = [
+        let cmds: [Vec<&[u8]>; 20] = [
             vec![b"PING"],
             vec![b"EVAL", ACQUIRE, b"2", b"k", b"f", b"t1", b"5", b"1"],
             vec![b"EVALSHA", ACQUIRE_SHA, b"1", b"k", b"t2", b"50", b"x"],
             vec![b"EVAL", FENCE, b"1", b"f", b"9"],
             vec![b"EVAL", RELEASE_ALL, b"2", b"k", b"f", b"t1"],
             vec![b"EVAL", EXTEND_ALL, b"1", b"k", b"t2", b"-1"],
+            vec![b"EVAL", RELEASE_FENCED, b"2", b"k", b"f", b"t1", b"7"],
+            vec![b"EVAL", RELEASE_FENCED, b"3", b"k", b"f", b"g", b"t2", b"x"],
+            vec![b"INFO", b"server"],
             vec![b"SET", b"k", b"t1", b"NX", b"PX", b"5"],
             vec![b"SET", b"k", b"t2", b"NX", b"PX", b"100"],
             vec![b"GET", b"k"],
@@ -2650,6 +2756,14 @@ mod tests {
     /// The error reply of a script that raised `msg`, as Redis 7 words it.
     fn raised(msg: &str, sha: &[u8]) -> String {
         format!("-{msg} script: {}, on @user_script:1.\r\n", text(sha))
+    }
+
+    /// Asserts the value of each key in database 0 at time 0, as text.
+    fn assert_values(n: &SimNode, want: &[(&str, Option<&str>)]) {
+        for &(key, value) in want {
+            let got = n.value(0, key.as_bytes(), 0).map(text);
+            assert_eq!(got.as_deref(), value, "{key}");
+        }
     }
 
     const ARGS_NIL: &str = "ERR Lua redis lib command arguments must be strings or integers";
@@ -2855,6 +2969,267 @@ mod tests {
     }
 
     #[test]
+    fn release_fenced_raises_the_fence_then_deletes() {
+        let mut n = SimNode::new(25);
+        let c = n.accept();
+        let release = |n: &mut SimNode, keys: &[&[u8]], args: &[&[u8]]| {
+            eval_all(n, c, RELEASE_FENCED, keys, args, 0)
+        };
+        let get = |n: &mut SimNode, key: &[u8]| n.value(0, key, 0).map(<[u8]>::to_vec);
+        // The cases checked on redis-server 7: ours, raised from 3 to 7 and deleted.
+        run(&mut n, c, &[b"SET", b"k", b"tok"], 0);
+        run(&mut n, c, &[b"SET", b"fk", b"3"], 0);
+        assert_eq!(release(&mut n, &[b"k", b"fk"], &[b"tok", b"7"]), b":1\r\n");
+        assert_eq!(get(&mut n, b"fk"), Some(b"7".to_vec()));
+        assert_eq!(get(&mut n, b"k"), None);
+        // Not ours: 0, the counter and the key untouched.
+        run(&mut n, c, &[b"SET", b"k", b"other"], 0);
+        assert_eq!(release(&mut n, &[b"k", b"fk"], &[b"tok", b"9"]), b":0\r\n");
+        assert_eq!(get(&mut n, b"fk"), Some(b"7".to_vec()));
+        assert_eq!(get(&mut n, b"k"), Some(b"other".to_vec()));
+        // Two keys, both ours: both counters created at 5, both keys gone.
+        run(&mut n, c, &[b"SET", b"a", b"tok", b"PX", b"1000"], 0);
+        run(&mut n, c, &[b"SET", b"b", b"tok", b"PX", b"1000"], 0);
+        let four: [&[u8]; 4] = [b"a", b"b", b"fa", b"fb"];
+        assert_eq!(release(&mut n, &four, &[b"tok", b"5"]), b":1\r\n");
+        assert_values(
+            &n,
+            &[
+                ("a", None),
+                ("b", None),
+                ("fa", Some("5")),
+                ("fb", Some("5")),
+            ],
+        );
+        assert_eq!(
+            pttl(&mut n, c, b"fa", 0),
+            b":-1\r\n",
+            "a counter never expires"
+        );
+        // Partial: ours is fenced and freed, the other's counter is not touched: 0.
+        run(&mut n, c, &[b"SET", b"a", b"tok"], 0);
+        run(&mut n, c, &[b"SET", b"b", b"oth"], 0);
+        run(&mut n, c, &[b"SET", b"fb", b"1"], 0);
+        assert_eq!(release(&mut n, &four, &[b"tok", b"8"]), b":0\r\n");
+        assert_values(
+            &n,
+            &[
+                ("a", None),
+                ("b", Some("oth")),
+                ("fa", Some("8")),
+                ("fb", Some("1")),
+            ],
+        );
+        // Never lowered, nor rewritten when equal; compared as numbers, stored as given.
+        for (counter, fence, after) in [
+            (&b"9"[..], &b"8"[..], &b"9"[..]),
+            (b"8", b"8", b"8"),
+            (b"16.5", b"0x11", b"0x11"),
+            (b"0x10", b"16", b"0x10"),
+            (b"junk", b"2", b"2"),
+            (b"nan", b"3", b"nan"),
+            (b"3", b"nan", b"3"),
+        ] {
+            run(&mut n, c, &[b"SET", b"a", b"tok"], 0);
+            run(&mut n, c, &[b"SET", b"fa", counter], 0);
+            assert_eq!(release(&mut n, &[b"a", b"fa"], &[b"tok", fence]), b":1\r\n");
+            assert_eq!(
+                get(&mut n, b"fa"),
+                Some(after.to_vec()),
+                "{}",
+                text(counter)
+            );
+            assert_eq!(get(&mut n, b"a"), None);
+        }
+        // A fence that is not a number is written to a missing counter (no comparison).
+        run(&mut n, c, &[b"SET", b"a", b"tok"], 0);
+        run(&mut n, c, &[b"DEL", b"fa"], 0);
+        assert_eq!(
+            release(&mut n, &[b"a", b"fa"], &[b"tok", b"abc"]),
+            b":1\r\n"
+        );
+        assert_eq!(get(&mut n, b"fa"), Some(b"abc".to_vec()));
+        // A key that is its own counter: fenced (its value is no number), then deleted.
+        run(&mut n, c, &[b"SET", b"a", b"tok"], 0);
+        assert_eq!(release(&mut n, &[b"a", b"a"], &[b"tok", b"5"]), b":1\r\n");
+        assert_eq!(get(&mut n, b"a"), None);
+        // Expired on the node clock: not ours any more.
+        run(&mut n, c, &[b"SET", b"e", b"tok", b"PX", b"10"], 0);
+        let reply = eval_all(
+            &mut n,
+            c,
+            RELEASE_FENCED,
+            &[b"e", b"fe"],
+            &[b"tok", b"4"],
+            11 * MS,
+        );
+        assert_eq!(reply, b":0\r\n");
+        assert_eq!(get(&mut n, b"fe"), None);
+        // No token: nothing is ours. No keys: all of none were: 1.
+        run(&mut n, c, &[b"SET", b"a", b"tok"], 0);
+        assert_eq!(release(&mut n, &[b"a", b"fa"], &[]), b":0\r\n");
+        assert_eq!(get(&mut n, b"a"), Some(b"tok".to_vec()));
+        assert_eq!(release(&mut n, &[], &[b"tok", b"5"]), b":1\r\n");
+        assert_eq!(release(&mut n, &[], &[]), b":1\r\n");
+    }
+
+    #[test]
+    fn release_fenced_errors_and_odd_keys_as_in_redis() {
+        // Each pinned against `redis-server` 7.0.15.
+        let mut n = SimNode::new(26);
+        let c = n.accept();
+        let sha = RELEASE_FENCED_SHA;
+        let release = |n: &mut SimNode, keys: &[&[u8]], args: &[&[u8]]| {
+            eval_all(n, c, RELEASE_FENCED, keys, args, 0)
+        };
+        let get = |n: &mut SimNode, key: &[u8]| n.value(0, key, 0).map(<[u8]>::to_vec);
+        let compare = raised("ERR user_script:1: attempt to compare number with nil", sha);
+        // No fence: SET of nil on a missing counter, a comparison with nil on a numeric
+        // one; either way the lock key stays.
+        run(&mut n, c, &[b"SET", b"a", b"tok"], 0);
+        assert_eq!(
+            text(&release(&mut n, &[b"a", b"fa"], &[b"tok"])),
+            raised(ARGS_NIL, sha)
+        );
+        run(&mut n, c, &[b"SET", b"fa", b"3"], 0);
+        assert_eq!(text(&release(&mut n, &[b"a", b"fa"], &[b"tok"])), compare);
+        // A fence that is not a number, against a numeric counter: the same.
+        assert_eq!(
+            text(&release(&mut n, &[b"a", b"fa"], &[b"tok", b"abc"])),
+            compare
+        );
+        assert_eq!(get(&mut n, b"a"), Some(b"tok".to_vec()));
+        assert_eq!(get(&mut n, b"fa"), Some(b"3".to_vec()));
+        // The first key (counter missing: no comparison) is fenced and released before
+        // the second (counter 9) raises: Redis keeps the writes made.
+        run(&mut n, c, &[b"DEL", b"fa"], 0);
+        run(&mut n, c, &[b"SET", b"b", b"tok"], 0);
+        run(&mut n, c, &[b"SET", b"fb", b"9"], 0);
+        let four: [&[u8]; 4] = [b"a", b"b", b"fa", b"fb"];
+        let reply = release(&mut n, &four, &[b"tok", b"x"]);
+        assert_eq!(text(&reply), compare);
+        assert_values(
+            &n,
+            &[
+                ("a", None),
+                ("b", Some("tok")),
+                ("fa", Some("x")),
+                ("fb", Some("9")),
+            ],
+        );
+        n.restart(0);
+        let c = n.accept();
+        let release = |n: &mut SimNode, keys: &[&[u8]], args: &[&[u8]]| {
+            eval_all(n, c, RELEASE_FENCED, keys, args, 0)
+        };
+        // Odd #KEYS: n = 1.5, the loop runs i = 1 only, and KEYS[2.5] is nil.
+        let three: [&[u8]; 3] = [b"a", b"b", b"c"];
+        run(&mut n, c, &[b"SET", b"a", b"tok"], 0);
+        assert_eq!(
+            text(&release(&mut n, &three, &[b"tok", b"5"])),
+            raised(ARGS_NIL, sha)
+        );
+        assert_eq!(
+            get(&mut n, b"a"),
+            Some(b"tok".to_vec()),
+            "raised before any write"
+        );
+        // None ours: no counter is read, and d == 1.5 is false: 0.
+        run(&mut n, c, &[b"SET", b"a", b"oth"], 0);
+        assert_eq!(release(&mut n, &three, &[b"tok", b"5"]), b":0\r\n");
+        // One key: n = 0.5, no iteration, and 0 == 0.5 is false: 0, the key kept.
+        run(&mut n, c, &[b"SET", b"a", b"tok"], 0);
+        assert_eq!(release(&mut n, &[b"a"], &[b"tok", b"5"]), b":0\r\n");
+        assert_eq!(get(&mut n, b"a"), Some(b"tok".to_vec()));
+        // Five keys: i = 1, 2; the first ours raises, whichever it is.
+        let five: [&[u8]; 5] = [b"a", b"b", b"c", b"d", b"e"];
+        run(&mut n, c, &[b"SET", b"a", b"x"], 0);
+        run(&mut n, c, &[b"SET", b"b", b"tok"], 0);
+        assert_eq!(
+            text(&release(&mut n, &five, &[b"tok", b"5"])),
+            raised(ARGS_NIL, sha)
+        );
+        assert_eq!(get(&mut n, b"b"), Some(b"tok".to_vec()));
+        assert_eq!(n.keys(0).len(), 2, "nothing written");
+    }
+
+    /// `uptime_in_seconds` as `INFO` answers it on `conn` at `now`.
+    fn info_uptime(n: &mut SimNode, conn: ConnId, now: SimTime) -> u64 {
+        let reply = text(&run(n, conn, &[b"INFO", b"server"], now));
+        let line = reply
+            .split("\r\n")
+            .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+            .unwrap_or_else(|| panic!("{reply:?}"));
+        line.parse().unwrap()
+    }
+
+    const SEC: SimTime = NS_PER_SEC;
+
+    #[test]
+    fn uptime_can_read_one_200_ms_after_a_restart_just_before_a_wall_second() {
+        for seed in [0, 1, 7, 31, 1 << 40, u64::MAX] {
+            let mut n = SimNode::new(seed);
+            let phase = n.wall_phase();
+            assert!(phase < SEC);
+            assert_eq!(phase, SimNode::new(seed).wall_phase(), "fixed by the seed");
+            // Restart 100 ms before the wall clock's second 5 begins (node time 4.1 s to
+            // 5.1 s, by the phase); 200 ms on, it is in second 5: up 1 (real: 0.2 s).
+            let at = 5 * SEC - phase - 100 * MS;
+            n.restart(at);
+            let c = n.accept();
+            assert_eq!(info_uptime(&mut n, c, at), 0, "seed {seed}");
+            assert_eq!(info_uptime(&mut n, c, at + 100 * MS - 1), 0, "seed {seed}");
+            assert_eq!(info_uptime(&mut n, c, at + 100 * MS), 1, "seed {seed}");
+            assert_eq!(info_uptime(&mut n, c, at + 200 * MS), 1, "seed {seed}");
+            assert_eq!(info_uptime(&mut n, c, at + 1100 * MS - 1), 1, "seed {seed}");
+            assert_eq!(info_uptime(&mut n, c, at + 1100 * MS), 2, "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn uptime_reads_zero_right_after_a_restart_just_after_a_wall_second() {
+        for seed in [0, 1, 7, 31, 1 << 40, u64::MAX] {
+            let mut n = SimNode::new(seed);
+            let phase = n.wall_phase();
+            // Restart 1 ms into the wall clock's second 5: 0 for the 999 ms left of it.
+            let at = 5 * SEC - phase + MS;
+            n.restart(at);
+            let c = n.accept();
+            for after in [0, MS, 200 * MS, 998 * MS, 999 * MS - 1] {
+                assert_eq!(info_uptime(&mut n, c, at + after), 0, "seed {seed}");
+            }
+            assert_eq!(info_uptime(&mut n, c, at + 999 * MS), 1, "seed {seed}");
+            // A clock set back past the start reads 0, not a negative number.
+            assert_eq!(info_uptime(&mut n, c, at - 2 * SEC), 0, "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn uptime_is_within_a_second_of_the_real_one_and_a_day_before_time_0_by_default() {
+        let mut rng = fastrand::Rng::with_seed(27);
+        for seed in 0..200 {
+            let mut n = SimNode::new(seed);
+            let phase = n.wall_phase();
+            let c = n.accept();
+            // Never restarted: up from a whole wall-clock second a day before time 0.
+            assert_eq!(n.uptime_secs(0), 86_400);
+            assert_eq!(info_uptime(&mut n, c, SEC - phase - 1), 86_400);
+            assert_eq!(info_uptime(&mut n, c, SEC - phase), 86_401);
+            let at = rng.u64(..1 << 45);
+            let up = rng.u64(..10 * SEC);
+            n.restart(at);
+            let c = n.accept();
+            let secs = info_uptime(&mut n, c, at + up);
+            // Never below the real uptime's whole seconds, and over it by less than 1 s.
+            assert!(
+                secs == up / SEC || secs == up / SEC + 1,
+                "{seed}: {secs} for {up}"
+            );
+            assert!(secs * SEC < up + SEC, "{seed}: {secs} for {up}");
+        }
+    }
+
+    #[test]
     fn release_all_deletes_ours_and_answers_whether_all_were() {
         let mut n = SimNode::new(22);
         let c = n.accept();
@@ -2950,6 +3325,7 @@ mod tests {
         let now = 0;
         run(&mut n, c, &[b"SET", b"r", b"tok"], now);
         run(&mut n, c, &[b"SET", b"e", b"tok"], now);
+        run(&mut n, c, &[b"SET", b"rf", b"tok"], now);
         /// A script, its digest, KEYS, ARGV, and what it answers once cached.
         type Case = (
             &'static [u8],
@@ -2958,7 +3334,7 @@ mod tests {
             &'static [&'static [u8]],
             &'static [u8],
         );
-        let cases: [Case; 4] = [
+        let cases: [Case; 5] = [
             (
                 ACQUIRE,
                 ACQUIRE_SHA,
@@ -2975,6 +3351,13 @@ mod tests {
                 &[b"tok", b"700"],
                 b":1\r\n",
             ),
+            (
+                RELEASE_FENCED,
+                RELEASE_FENCED_SHA,
+                &[b"rf", b"frf"],
+                &[b"tok", b"4"],
+                b":0\r\n",
+            ),
         ];
         let shas: Vec<&[u8]> = cases.iter().map(|case| &case.1[..]).collect();
         let exists = [&[&b"SCRIPT"[..], b"EXISTS"][..], &shas].concat();
@@ -2989,6 +3372,8 @@ mod tests {
             assert!(n.script_cached(sha));
         }
         assert_eq!(n.value(0, b"r", now), None, "RELEASE_ALL ran once");
+        assert_eq!(n.value(0, b"rf", now), None, "RELEASE_FENCED ran once");
+        assert_eq!(n.value(0, b"frf", now), Some(&b"4"[..]));
         for (_, sha, keys, args, want) in cases {
             assert_eq!(evalsha_all(&mut n, c, sha, keys, args, now), want);
             let upper = sha.to_ascii_uppercase();
@@ -2997,13 +3382,13 @@ mod tests {
         assert_eq!(pttl(&mut n, c, b"e", now), b":700\r\n");
         assert_eq!(
             run(&mut n, c, &exists, now),
-            b"*4\r\n:1\r\n:1\r\n:1\r\n:1\r\n"
+            b"*5\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n"
         );
         // SCRIPT FLUSH forgets them all.
         assert_eq!(run(&mut n, c, &[b"SCRIPT", b"FLUSH"], now), b"+OK\r\n");
         assert_eq!(
             run(&mut n, c, &exists, now),
-            b"*4\r\n:0\r\n:0\r\n:0\r\n:0\r\n"
+            b"*5\r\n:0\r\n:0\r\n:0\r\n:0\r\n:0\r\n"
         );
         for (_, sha, keys, args, _) in cases {
             assert_eq!(evalsha_all(&mut n, c, sha, keys, args, now), NOSCRIPT);
@@ -3016,7 +3401,7 @@ mod tests {
         assert_eq!(pttl(&mut n, c, b"e", now), b":700\r\n");
         assert_eq!(
             run(&mut n, c, &exists, now),
-            b"*4\r\n:1\r\n:1\r\n:1\r\n:1\r\n"
+            b"*5\r\n:1\r\n:1\r\n:1\r\n:1\r\n:1\r\n"
         );
         let (_, sha, keys, args, _) = cases[0];
         assert_eq!(evalsha_all(&mut n, c, sha, keys, args, now), b"$-1\r\n");
@@ -3027,7 +3412,7 @@ mod tests {
         }
         assert_eq!(
             run(&mut n, d, &exists, now),
-            b"*4\r\n:0\r\n:0\r\n:0\r\n:0\r\n"
+            b"*5\r\n:0\r\n:0\r\n:0\r\n:0\r\n:0\r\n"
         );
         assert_eq!(n.keys(now), vec![]);
     }
