@@ -163,6 +163,9 @@ pub struct Stats {
     pub unsafe_restarts: u64,
     /// Yes votes the restart guard did not count ([`Mode::GuardedRestart`]).
     pub guard_held: u64,
+    /// Yes votes of the restarted node counted once it was older than the guard
+    /// ([`Mode::GuardedRestart`]).
+    pub guard_passed: u64,
     /// Fenced locks handed out (their write-back confirmed in time).
     pub fenced: u64,
     /// Fenced acquires whose write-back was not confirmed in time (released).
@@ -205,6 +208,7 @@ impl Stats {
         };
         self.unsafe_restarts += o.unsafe_restarts;
         self.guard_held += o.guard_held;
+        self.guard_passed += o.guard_passed;
         self.fenced += o.fenced;
         self.fence_failed += o.fence_failed;
         self.fence_order_lost += o.fence_order_lost;
@@ -659,6 +663,12 @@ pub struct World {
     fences: Vec<(usize, SimTime, SimTime, u64)>,
     /// Global times of every restart that emptied a node.
     restarts_at: Vec<SimTime>,
+    /// [`Mode::GuardedRestart`]: after the unsafe restart, the clients start nothing new
+    /// until this time (past the guard), then lock twice more each, so the restarted
+    /// node is seen to count again once old enough; and that node.
+    resume_at: Option<(SimTime, usize)>,
+    /// The clients' restart guard, in global nanoseconds.
+    guard_ns: SimTime,
 }
 
 /// Notes every (resource, value) `node` holds at `now`.
@@ -760,8 +770,10 @@ impl World {
             max_backoff: Duration::from_millis(20),
             limits: Limits::default(),
             // Longer than any ttl (40 ms) on any clock.
+            // The longest ttl plus one second, as the library's docs ask (a node's
+            // `uptime_in_seconds` can overstate by up to a second).
             restart_guard: if mode == Mode::GuardedRestart {
-                Duration::from_millis(60)
+                Duration::from_millis(ttl_ms + 1000)
             } else {
                 Duration::ZERO
             },
@@ -840,6 +852,12 @@ impl World {
             unsafe_done: false,
             fences: Vec::new(),
             restarts_at: Vec::new(),
+            resume_at: None,
+            guard_ns: if mode == Mode::GuardedRestart {
+                (ttl_ms + 1000) * MS
+            } else {
+                0
+            },
         }
     }
 
@@ -1198,7 +1216,12 @@ impl World {
     fn start_op(&mut self, ci: usize) {
         let nt = self.node_timeout;
         let resources = self.resources;
+        let resume = self.resume_at.map(|(at, _)| at).filter(|&at| self.now < at);
         let c = &mut self.clients[ci];
+        if let Some(at) = resume {
+            c.stage = Stage::Idle(at);
+            return;
+        }
         if c.ops_left == 0 {
             c.stage = Stage::Done;
             return;
@@ -1316,6 +1339,11 @@ impl World {
                     .outcomes(0)
                     .filter(|o| matches!(o, Outcome::Failed(NodeError::YoungerThanGuard { .. })))
                     .count() as u64;
+                if let Some((at, victim)) = self.resume_at {
+                    if now >= at && c.round.vote(victim, 0) == Some(Outcome::Locked) {
+                        self.stats.guard_passed += 1;
+                    }
+                }
                 if decision == Decision::Won {
                     self.check_won(ci);
                 }
@@ -1519,6 +1547,12 @@ impl World {
                 self.restart(victim, 0);
                 self.unsafe_done = true;
                 self.stats.unsafe_restarts += 1;
+                if self.mode == Mode::GuardedRestart {
+                    self.resume_at = Some((self.now + self.guard_ns + 100 * MS, victim));
+                    for c in &mut self.clients {
+                        c.ops_left += 2;
+                    }
+                }
                 return true;
             }
         }
