@@ -6,8 +6,9 @@
 //! no expiry). A fenced acquire reads the counters with its `SET`s, atomically on each
 //! node (`script::ACQUIRE`); the lock's fence is the largest counter among the nodes
 //! whose yes counted, plus one. Before the lock is returned, that fence is written back
-//! (raised where lower, `script::FENCE`) to every node whose connection is up, and the
-//! call waits for a majority to confirm it: a quorum max-register, as in ABD.
+//! (raised where lower, `script::FENCE`) to every node the round can write to (not one
+//! seen lagging), and the call waits for a majority to confirm it: a quorum
+//! max-register, as in ABD.
 //!
 //! # Invariants
 //!
@@ -19,17 +20,24 @@
 //!   [`FENCE_TTL_FACTOR`] × `node_timeout` rules that out, and shorter ones are refused.)
 //! - A lock whose write-back was not confirmed in time is released and never returned:
 //!   its caller sees [`Phase::Fence`] in the error.
+//! - A fenced lock's release raises each node's counter to its fence in the same script
+//!   that deletes its key (`script::RELEASE_FENCED`), so no node frees the key without
+//!   the fence, even one the write-back missed: the next holder needs the key free on a
+//!   majority, and reads the counter there.
+//! - Counters are Lua numbers (doubles) on the nodes, exact up to 2^53; a node that
+//!   answers a larger one is treated as out of step.
 //! - Counters are permanent state: a node that restarts empty loses them. The restart
 //!   guard keeps such a node's yes from counting for a while, which protects exclusivity
 //!   (keys expire anyway) but not counters; strict order across restarts needs
 //!   persistence on the nodes (AOF), or a write-back that reached more nodes than
 //!   restarted.
 
+use crate::core::command::FENCE_PREFIX;
 use crate::core::engine::{Fencing, Item, Request};
 use crate::core::round::Decision;
 use crate::error::{ArgumentError, Error, Phase};
 use crate::lock::Lock;
-use crate::redlock::Redlock;
+use crate::redlock::{Redlock, check_resource};
 use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
 
@@ -47,6 +55,22 @@ impl Redlock {
         } else {
             Fencing::Off
         }
+    }
+
+    /// A resource name as [`check_resource`] accepts it, and with fencing on, not one of
+    /// the fence counters' own keys (`quorumlock:fence:...`): locking one would have its
+    /// key overwritten, without expiry, by a write-back.
+    #[inline]
+    pub(crate) fn check_key(&self, resource: &[u8]) -> Result<(), Error> {
+        check_resource(resource)?;
+        if self.settings.fencing && resource.starts_with(FENCE_PREFIX) {
+            return Err(Error::InvalidArgument(ArgumentError::new(
+                "resource",
+                format!("{:?}", crate::error::Escaped(resource)),
+                "with fencing on, a name under quorumlock:fence: is a fence counter's key",
+            )));
+        }
+        Ok(())
     }
 
     /// Refuses a ttl too short for fencing to order fences (see the module docs).

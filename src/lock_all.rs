@@ -6,14 +6,16 @@
 //!   server): a node's yes means it holds every key under one token. The quorum counts
 //!   such nodes; validity is computed as for one resource.
 //! - Extend and release act on all the keys at once too (`script::EXTEND_ALL`,
-//!   `script::RELEASE_ALL`); a lost attempt deletes each key it may have set.
+//!   `script::RELEASE_ALL`; a fenced one's release is `script::RELEASE_FENCED`); a lost
+//!   attempt deletes each key it may have set, and waits (at most `node_timeout`) for
+//!   those deletes to be answered before it returns.
 //! - No ordering between resources is needed to avoid deadlock: an attempt never holds
 //!   part of the set while it waits for the rest.
 
 use crate::core::engine::{Item, Request};
 use crate::error::{ArgumentError, Error, Phase};
 use crate::lock::Lock;
-use crate::redlock::{MAX_BATCH, MAX_BATCH_BYTES, Redlock, check_resource, ttl_millis};
+use crate::redlock::{MAX_BATCH, MAX_BATCH_BYTES, Redlock, ttl_millis};
 use std::ops::Deref;
 use std::time::{Duration, Instant};
 
@@ -75,7 +77,7 @@ impl Redlock {
     ) -> Result<Lock, Error> {
         let ttl_ms = ttl_millis(ttl)?;
         let whole = Duration::from_millis(ttl_ms);
-        check_set(resources)?;
+        self.check_set(resources)?;
         let Some(safe) = crate::core::quorum::safe_span(whole, self.settings.drift_factor) else {
             return Err(self.ttl_within_drift(whole));
         };
@@ -110,43 +112,50 @@ impl Redlock {
         self.lost.clear();
         self.lost.extend(0..items.len());
         self.driver.release_lost(&items, &self.lost);
+        // A set is rare and large: unlike a single lock's lost attempt, whose caller goes
+        // straight back, this call waits (at most `node_timeout`) for its deletes, so that
+        // nothing of the set is left on a node when it returns.
+        let until = Instant::now() + self.settings.node_timeout;
+        self.driver.settle_deletes(until);
         Err(error)
     }
 }
 
-/// A set `lock_all` accepts: 1 to `MAX_BATCH` distinct valid names, `MAX_BATCH_BYTES` in
-/// all.
-fn check_set<R: AsRef<[u8]>>(resources: &[R]) -> Result<(), Error> {
-    let refuse = |value: String, problem: &str| {
-        Err(Error::InvalidArgument(ArgumentError::new(
-            "resources",
-            value,
-            problem.to_string(),
-        )))
-    };
-    if resources.is_empty() || resources.len() > MAX_BATCH {
-        return refuse(
-            format!("{} resources", resources.len()),
-            "lock_all takes 1 to 1024 resources",
-        );
+impl Redlock {
+    /// A set `lock_all` accepts: 1 to `MAX_BATCH` distinct valid names, `MAX_BATCH_BYTES` in
+    /// all.
+    fn check_set<R: AsRef<[u8]>>(&self, resources: &[R]) -> Result<(), Error> {
+        let refuse = |value: String, problem: &str| {
+            Err(Error::InvalidArgument(ArgumentError::new(
+                "resources",
+                value,
+                problem.to_string(),
+            )))
+        };
+        if resources.is_empty() || resources.len() > MAX_BATCH {
+            return refuse(
+                format!("{} resources", resources.len()),
+                "lock_all takes 1 to 1024 resources",
+            );
+        }
+        let mut bytes = 0;
+        for r in resources {
+            self.check_key(r.as_ref())?;
+            bytes += r.as_ref().len();
+        }
+        if bytes > MAX_BATCH_BYTES {
+            return refuse(format!("{bytes} bytes"), "at most 256 KiB of names in all");
+        }
+        let mut sorted: Vec<&[u8]> = resources.iter().map(AsRef::as_ref).collect();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return refuse(
+                format!("{:?} listed twice", crate::error::Escaped(w[0])),
+                "each resource once",
+            );
+        }
+        Ok(())
     }
-    let mut bytes = 0;
-    for r in resources {
-        check_resource(r.as_ref())?;
-        bytes += r.as_ref().len();
-    }
-    if bytes > MAX_BATCH_BYTES {
-        return refuse(format!("{bytes} bytes"), "at most 256 KiB of names in all");
-    }
-    let mut sorted: Vec<&[u8]> = resources.iter().map(AsRef::as_ref).collect();
-    sorted.sort_unstable();
-    if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-        return refuse(
-            format!("{:?} listed twice", crate::error::Escaped(w[0])),
-            "each resource once",
-        );
-    }
-    Ok(())
 }
 
 /// The items a held lock's extend or release acts on: its one resource on the stack, or

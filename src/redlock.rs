@@ -1,7 +1,7 @@
 //! The client: Redlock's acquire, extend and release on top of the driver's rounds.
 
 use crate::config::{Builder, Settings};
-use crate::core::engine::{Item, Request};
+use crate::core::engine::{Fencing, Item, Request};
 use crate::core::quorum::{acquired_until, drift, extended_until, quorum, safe_span};
 use crate::core::round::{Decision, Round};
 use crate::core::token::{Token, TokenSource};
@@ -127,7 +127,7 @@ impl Redlock {
 
     fn attempt(&mut self, resource: &[u8], ttl: Duration, attempt: u32) -> Result<Lock, Error> {
         let ttl_ms = ttl_millis(ttl)?;
-        check_resource(resource)?;
+        self.check_key(resource)?;
         let whole_ms = Duration::from_millis(ttl_ms);
         if self.safe_ttl.0 != ttl_ms {
             self.safe_ttl = (ttl_ms, safe_span(whole_ms, self.settings.drift_factor));
@@ -322,6 +322,8 @@ impl Redlock {
         let items = lock_items(lock);
         let req = Request {
             atomic: lock.is_multi(),
+            // A fenced lock's key is freed on a node only with its fence raised there.
+            fencing: lock.fence().map_or(Fencing::Off, Fencing::Write),
             ..Request::new(Phase::Release, 0, &items, lock.written())
         };
         let start = self.driver.run(&mut self.round, &req);
@@ -396,7 +398,7 @@ impl Redlock {
         }
         let mut items: Vec<Item<'_>> = Vec::with_capacity(resources.len());
         for key in resources.iter().map(AsRef::as_ref) {
-            if check_resource(key).is_err() {
+            if self.check_key(key).is_err() {
                 continue;
             }
             match self.next_token() {
@@ -439,7 +441,7 @@ impl Redlock {
         // One result per resource, in order: the refused ones were never sent.
         let mut settled = settled.into_iter();
         for resource in resources {
-            match check_resource(resource.as_ref()) {
+            match self.check_key(resource.as_ref()) {
                 Err(e) => results.push(Err(e)),
                 Ok(()) => results.extend(settled.next()),
             }
@@ -449,8 +451,9 @@ impl Redlock {
     /// Releases several locks in one round per batch; one result per lock, as
     /// [`Redlock::unlock`].
     pub fn unlock_many(&mut self, locks: &[Lock]) -> Vec<Result<usize, Error>> {
-        if locks.iter().any(Lock::is_multi) {
-            // A lock over several resources is released by one script of its own.
+        if locks.iter().any(|l| l.is_multi() || l.fence().is_some()) {
+            // A lock over several resources, or a fenced one, is released by a script of
+            // its own.
             return locks.iter().map(|lock| self.unlock(lock)).collect();
         }
         let mut results = Vec::with_capacity(locks.len());

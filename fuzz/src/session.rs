@@ -190,7 +190,9 @@ impl Model {
     fn push(&mut self, e: Expect) {
         if matches!(
             e.kind,
-            Expected::Command(Phase::Acquire | Phase::Extend) | Expected::FencedAcquire
+            Expected::Command(Phase::Acquire | Phase::Extend)
+                | Expected::Script(Phase::Acquire | Phase::Extend)
+                | Expected::FencedAcquire
         ) {
             self.live_writes += 1;
         }
@@ -201,7 +203,9 @@ impl Model {
         let e = self.owed.pop_front().expect("model: nothing owed to pop");
         if matches!(
             e.kind,
-            Expected::Command(Phase::Acquire | Phase::Extend) | Expected::FencedAcquire
+            Expected::Command(Phase::Acquire | Phase::Extend)
+                | Expected::Script(Phase::Acquire | Phase::Extend)
+                | Expected::FencedAcquire
         ) {
             self.live_writes -= 1;
         }
@@ -328,7 +332,9 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits, now: Instant) -> 
         }
         Expected::FencedAcquire => {
             let (outcome, counter) = match reply {
-                Reply::Integer(n) if n >= 0 => (Outcome::Locked, Some(n as u64)),
+                Reply::Integer(n) if (0..=1 << 53).contains(&n) => {
+                    (Outcome::Locked, Some(n as u64))
+                }
                 Reply::Bulk(None) => (Outcome::Held, None),
                 Reply::Error(m) => (Outcome::Failed(NodeError::Server(lossy(m))), None),
                 _ => return broken(NodeError::UnexpectedReply(""), Some(expect)),
@@ -344,8 +350,9 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits, now: Instant) -> 
                 identity: None,
             };
         }
-        Expected::Command(phase) => match (phase, reply) {
-            (Phase::Extend | Phase::Release, Reply::Error(m)) if m.starts_with(b"NOSCRIPT") => {
+        Expected::Command(phase) | Expected::Script(phase) => match (phase, reply) {
+            (Phase::Acquire, Reply::Error(m)) => Outcome::Failed(NodeError::Server(lossy(m))),
+            (_, Reply::Error(m)) if m.starts_with(b"NOSCRIPT") => {
                 Outcome::Failed(NodeError::NoScript)
             }
             (_, Reply::Error(m)) => Outcome::Failed(NodeError::Server(lossy(m))),
@@ -353,7 +360,8 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits, now: Instant) -> 
             (Phase::Acquire, Reply::Bulk(None)) => Outcome::Held,
             (Phase::Extend, Reply::Integer(1)) => Outcome::Locked,
             (Phase::Release, Reply::Integer(1)) => Outcome::Released,
-            (Phase::Extend | Phase::Release, Reply::Integer(0)) => Outcome::NotHeld,
+            (Phase::Fence, Reply::Integer(1)) => Outcome::Fenced,
+            (Phase::Extend | Phase::Release | Phase::Fence, Reply::Integer(0)) => Outcome::NotHeld,
             _ => return broken(NodeError::UnexpectedReply(""), Some(expect)),
         },
     };
@@ -745,7 +753,9 @@ impl Harness {
                 );
                 if matches!(
                     expect.kind,
-                    Expected::Command(Phase::Acquire | Phase::Extend) | Expected::FencedAcquire
+                    Expected::Command(Phase::Acquire | Phase::Extend)
+                        | Expected::Script(Phase::Acquire | Phase::Extend)
+                        | Expected::FencedAcquire
                 ) {
                     self.m.live_writes += count;
                 }
@@ -797,7 +807,10 @@ impl Harness {
             Expected::Command(Phase::Extend),
             Expected::Command(Phase::Release),
             Expected::FencedAcquire,
-        ][usize::from(k % 4)];
+            Expected::Script(Phase::Acquire),
+            Expected::Script(Phase::Release),
+            Expected::Script(Phase::Fence),
+        ][usize::from(k % 7)];
         // Bit 2: the same round again (a resend); bit 3: counted by no round
         // (fire-and-forget cleanup, tagged with the round in progress).
         if k & 4 == 0 || self.m.round == 0 {

@@ -138,8 +138,10 @@ impl Request<'_> {
     fn expected(&self) -> Expected {
         if self.phase == Phase::Acquire && self.fencing == Fencing::Read {
             Expected::FencedAcquire
-        } else {
+        } else if self.plain() {
             Expected::Command(self.phase)
+        } else {
+            Expected::Script(self.phase)
         }
     }
 }
@@ -153,7 +155,8 @@ pub enum Fencing {
     /// An acquire also reads them: each yes answers its node's largest counter, and
     /// [`Round::counter`] is the largest among the yes votes counted.
     Read,
-    /// The fence write-back ([`Phase::Fence`]): raise them to this value.
+    /// The fence write-back ([`Phase::Fence`]), or a fenced lock's release: raise them
+    /// to this value (a release: where the key is still ours, before deleting it).
     Write(u64),
 }
 
@@ -317,12 +320,8 @@ impl Engine {
         outcome: Outcome,
         round: &Round,
     ) -> Outcome {
-        let counts = |o: &Option<Outcome>| {
-            matches!(
-                o,
-                Some(Outcome::Locked | Outcome::Held | Outcome::Released | Outcome::NotHeld)
-            )
-        };
+        // A recorded yes or no (a fence write-back's `Fenced` included) counted.
+        let counts = |o: &Option<Outcome>| matches!(o, Some(o) if !matches!(o, Outcome::Failed(_) | Outcome::NoReply | Outcome::NotNeeded));
         if matches!(
             outcome,
             Outcome::Failed(_) | Outcome::NoReply | Outcome::NotNeeded
@@ -399,6 +398,13 @@ impl Engine {
                 // The handshake waits in the outbox until the connection is established.
                 self.sessions[node].opened(now);
                 self.queued |= node_bit(node);
+                // A new connection's server is unknown until its `INFO` is answered (it
+                // may have restarted, or refuse `INFO`): under the guard its votes are
+                // screened until then, whatever the old connection's server was.
+                if !self.timing.restart_guard.is_zero() {
+                    self.watch |= node_bit(node);
+                    self.slow_votes |= node_bit(node);
+                }
             }
             Err(e) => self.drop_conn(t, node, e, now),
         }
@@ -551,6 +557,33 @@ impl Engine {
             // Nothing to wait for if no node that takes part owes a delete.
             self.send_held(t, Some(active), None);
         }
+        if self.watch != 0 {
+            self.fail_known_duplicates(active);
+        }
+    }
+
+    /// An endpoint known to reach the same server as an earlier one votes "failed" at
+    /// once: its votes never count, and its report says so even when the round is
+    /// decided before it answers. (It was still sent the command, as any other node.)
+    #[cold]
+    fn fail_known_duplicates(&self, active: &mut Active<'_>) {
+        for node in 0..self.sessions.len() {
+            if self.watch & node_bit(node) == 0 {
+                continue;
+            }
+            let Some(of) = self.twins(node).find(|&m| m < node) else {
+                continue;
+            };
+            let duplicate = NodeError::Duplicate {
+                of,
+                endpoint: String::new(),
+            };
+            for slot in 0..active.round.slots() {
+                active
+                    .round
+                    .record(node, slot, Outcome::Failed(duplicate.clone()));
+            }
+        }
     }
 
     /// Whether `req` is an acquire of a key of the last lost attempt while some node still
@@ -646,7 +679,7 @@ impl Engine {
                 NodeError::Lagging
             };
             if active.req.phase == Phase::Release && chases(active.req.chase, node) {
-                self.release_behind_stale(t, node, active.req.items, now);
+                self.release_behind_stale(t, node, active.req, now);
             }
             // Nothing else new is queued for a node that does not read: its backlog would
             // only grow. A lock command queued there earlier may apply when it wakes up;
@@ -704,35 +737,35 @@ impl Engine {
         &mut self,
         t: &mut T,
         node: usize,
-        items: &[Item<'_>],
+        req: &Request<'_>,
         now: Instant,
     ) {
         self.extra.clear();
-        for item in items {
-            command::encode(
-                &mut self.extra,
-                Command::release(false),
-                item.key,
-                &item.token,
-            );
+        if req.plain() {
+            for item in req.items {
+                command::encode(
+                    &mut self.extra,
+                    Command::release(false),
+                    item.key,
+                    &item.token,
+                );
+            }
+        } else {
+            // A fenced or multi-resource release: the round's own scripts (EVAL already),
+            // so a fenced lock's key is never freed without its fence there.
+            let frame = &self.frames[(self.round_id & 1) as usize];
+            self.extra.extend_from_slice(frame.bytes());
         }
+        let count = req.commands();
         let expect = Expect {
             round: self.round_id | UNCOUNTED,
             slot: 0,
-            kind: Expected::Command(Phase::Release),
+            kind: req.expected(),
             sent_at: now,
         };
         let s = &mut self.sessions[node];
-        match Self::send(
-            t,
-            s,
-            &mut self.queued,
-            node,
-            &self.extra,
-            expect,
-            items.len(),
-        ) {
-            Ok(()) => s.deletes_owed += items.len(),
+        match Self::send(t, s, &mut self.queued, node, &self.extra, expect, count) {
+            Ok(()) => s.deletes_owed += count,
             Err(e) => self.drop_conn(t, node, e, now),
         }
     }
@@ -1213,6 +1246,14 @@ impl Engine {
         }
     }
 
+    /// Whether a connection still owes the reply to a delete that nobody waits for (after
+    /// a lost attempt, behind a stale write).
+    pub fn owes_deletes(&self) -> bool {
+        self.sessions
+            .iter()
+            .any(|s| s.deletes_owed != 0 && s.state != State::Down)
+    }
+
     /// Some node that was sent the current round's command still holds it unwritten (a
     /// connection being reopened, a full socket buffer). An unlock is decided by a
     /// majority, but each delete should at least have left the process before it
@@ -1335,6 +1376,17 @@ fn encode_scripts(frame: &mut Frame, req: &Request<'_>) {
             (Phase::Fence, Fencing::Write(fence)) => {
                 let fence = Arg::Int(fence);
                 command::eval_over(out, script::FENCE, keys, KeyList::Fences, &[fence]);
+            }
+            // A fenced lock's release raises each counter to its fence, then deletes.
+            (Phase::Release, Fencing::Write(fence)) => {
+                let fence = Arg::Int(fence);
+                command::eval_over(
+                    out,
+                    script::RELEASE_FENCED,
+                    keys,
+                    KeyList::Both,
+                    &[token, fence],
+                );
             }
             // A write-back is always given its value; without one, 0 raises nothing.
             (Phase::Fence, _) => {

@@ -48,6 +48,10 @@ const PENDING: usize = 128;
 /// no round id: comparing `round` with the round in progress is the whole test.
 pub const UNCOUNTED: u64 = 1 << 63;
 
+/// The largest fence counter a fenced acquire may answer: counters are Lua numbers
+/// (doubles), exact only up to 2^53; a larger one is a reply out of step.
+pub const MAX_COUNTER: i64 = 1 << 53;
+
 /// What a queued reply belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Expect {
@@ -88,6 +92,10 @@ pub enum Expected {
     /// An acquire that also reads the fence counters of its keys (`script::ACQUIRE`
     /// with counter keys): its yes is the largest counter, an integer, instead of `+OK`.
     FencedAcquire,
+    /// A lock command sent as a script over keys (a multi-resource lock, a fenced
+    /// release: `EVAL`, never `EVALSHA`): it answers as the plain command of its phase
+    /// does, but says nothing of the extend script's cache, and takes the general path.
+    Script(Phase),
 }
 
 /// What a handshake command must answer with.
@@ -582,10 +590,13 @@ impl Session {
                     };
                     return Some(Answer::broken(None, error));
                 }
-                Expected::Command(phase) => phase,
+                Expected::Command(phase) | Expected::Script(phase) => phase,
                 Expected::FencedAcquire => {
                     let (outcome, counter) = match reply {
-                        Reply::Integer(n) if n >= 0 => (Outcome::Locked, Some(n as u64)),
+                        // Counters are Lua numbers (doubles): exact only up to 2^53.
+                        Reply::Integer(n) if (0..=MAX_COUNTER).contains(&n) => {
+                            (Outcome::Locked, Some(n as u64))
+                        }
                         // `+OK` is the unfenced answer: not this command's.
                         Reply::Simple(_) | Reply::Integer(_) => (
                             Outcome::Failed(NodeError::UnexpectedReply(
@@ -612,7 +623,7 @@ impl Session {
                 _ => {
                     self.consume(used);
                     // The extend script answered 0 or 1: the node has it cached.
-                    self.extend_script_known |= phase == Phase::Extend;
+                    self.extend_script_known |= expect.kind == Expected::Command(Phase::Extend);
                 }
             }
             return Some(Answer {
@@ -660,10 +671,9 @@ impl Session {
             self.tail = 0;
         }
         if self.deletes_owed != 0
-            && self
-                .pending
-                .front()
-                .is_some_and(|e| !e.counted() && matches!(e.kind, Expected::Command(_)))
+            && self.pending.front().is_some_and(|e| {
+                !e.counted() && matches!(e.kind, Expected::Command(_) | Expected::Script(_))
+            })
         {
             self.deletes_owed -= 1;
         }
@@ -720,7 +730,9 @@ impl Session {
             && self.pending.iter().any(|e| {
                 matches!(
                     e.kind,
-                    Expected::Command(Phase::Acquire | Phase::Extend) | Expected::FencedAcquire
+                    Expected::Command(Phase::Acquire | Phase::Extend)
+                        | Expected::Script(Phase::Acquire | Phase::Extend)
+                        | Expected::FencedAcquire
                 )
             })
     }

@@ -211,6 +211,21 @@ impl Driver {
         self.events = events;
     }
 
+    /// Waits, at most until `until`, for the replies to the deletes written after lost
+    /// attempts (reading late replies meanwhile): for calls whose caller may look at the
+    /// nodes right after a failure (`lock_all`).
+    pub fn settle_deletes(&mut self, until: Instant) {
+        let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
+        while self.engine.owes_deletes() {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            self.poll_once(&mut events, until - now, None);
+        }
+        self.events = events;
+    }
+
     /// Fire-and-forget compare-and-delete of `lost` slots; see `Engine::release_lost`.
     pub fn release_lost(&mut self, items: &[Item<'_>], lost: &[usize]) {
         self.engine.release_lost(&mut self.net, items, lost);

@@ -55,7 +55,7 @@
 
 use crate::check::{Hold, overlaps};
 use crate::node::{ConnId, SimNode, SimTime};
-use quorumlock::__private::core::command::{Command, encode};
+use quorumlock::__private::core::command::{Arg, Command, KeyList, encode, eval_over};
 use quorumlock::__private::core::engine::{
     Active, Engine, Fencing, Item, Received, Request, Timing, Transport, chases,
 };
@@ -63,6 +63,7 @@ use quorumlock::__private::core::quorum::{
     acquired_until, deadline, extended_until, quorum, safe_span,
 };
 use quorumlock::__private::core::round::{Decision, Round};
+use quorumlock::__private::core::script::RELEASE_FENCED;
 use quorumlock::__private::core::session::Login;
 use quorumlock::__private::core::token::{Token, TokenSource};
 use quorumlock::{Limits, NodeError, Outcome, Phase};
@@ -482,6 +483,8 @@ struct Held {
     /// Each node's close count when the SET was handed over.
     closes: Vec<u32>,
     extended: bool,
+    /// Its fence, once written back.
+    fence: Option<u64>,
 }
 
 struct Client {
@@ -571,9 +574,12 @@ impl Client {
     fn begin(&mut self, phase: Phase, token: Token, chase: u64, node_timeout: Duration) {
         self.phase = phase;
         self.chase = chase;
-        self.fencing = match (phase, self.fenced, self.fence) {
-            (Phase::Acquire, true, _) => Fencing::Read,
-            (Phase::Fence, _, Some((fence, _))) => Fencing::Write(fence),
+        let held_fence = self.lock.as_ref().and_then(|l| l.fence);
+        self.fencing = match (phase, self.fenced, self.fence, held_fence) {
+            (Phase::Acquire, true, _, _) => Fencing::Read,
+            (Phase::Fence, _, Some((fence, _)), _) => Fencing::Write(fence),
+            // A fenced lock's release raises the counters where it deletes the key.
+            (Phase::Release, _, _, Some(fence)) => Fencing::Write(fence),
             _ => Fencing::Off,
         };
         self.items = [Item {
@@ -1373,6 +1379,7 @@ impl World {
                         hold: self.holds.len() - 1,
                         closes: c.round_closes.clone(),
                         extended: false,
+                        fence: None,
                     });
                     c.attempt = 0;
                     self.stats.locks += 1;
@@ -1461,7 +1468,16 @@ impl World {
                 // Owed from where the stream stood when the unlock began.
                 let item = c.items[0];
                 let mut release = Vec::new();
-                encode(&mut release, Command::release(false), item.key, &item.token);
+                match lock.fence {
+                    Some(fence) => eval_over(
+                        &mut release,
+                        RELEASE_FENCED,
+                        [item.key].into_iter(),
+                        KeyList::Both,
+                        &[Arg::Bytes(item.token.as_bytes()), Arg::Int(fence)],
+                    ),
+                    None => encode(&mut release, Command::release(false), item.key, &item.token),
+                }
                 for node in 0..self.nodes.len() {
                     if chases(chase, node) {
                         self.owed.push(Owed {
@@ -1483,6 +1499,9 @@ impl World {
                 // its fence while it was still valid; otherwise it is released.
                 if decision == Decision::Won && c.transport.instant() < lock.deadline {
                     self.fences.push((c.res, decided, now, fence));
+                    if let Some(lock) = c.lock.as_mut() {
+                        lock.fence = Some(fence);
+                    }
                     self.stats.fenced += 1;
                     let safe = safe_span(ttl, DRIFT).expect("ttl within drift");
                     let hold_for = c.rng.u64(0..safe.as_nanos() as SimTime * 6 / 5);
