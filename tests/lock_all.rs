@@ -164,3 +164,34 @@ fn a_fenced_set_has_a_fence_above_each_member_resource() {
     assert!(a.fence().unwrap() > fence);
     rl.unlock(&a).expect("unlock");
 }
+
+/// The set's script runs on a node where part of the set is free: on nodes 3 and 4 (b is
+/// held only on 0, 1 and 2) it takes a, b and c; the attempt loses (3 nodes refuse) and
+/// returns only once its deletes there are answered: nothing of it is left anywhere.
+#[test]
+fn a_set_won_on_a_minority_is_cleaned_up_before_the_call_returns() {
+    let cluster = Cluster::start(5);
+    let mut rl = client(&cluster);
+    for n in 0..3 {
+        cluster
+            .node(n)
+            .admin()
+            .set_px("min:b", "someone-else", 60_000);
+    }
+    let err = rl
+        .lock_all(&["min:a", "min:b", "min:c"], TTL)
+        .expect_err("b is held on a majority");
+    assert!(matches!(err, Error::Taken(_)), "{err:?}");
+    for n in 0..5 {
+        for key in ["min:a", "min:c"] {
+            assert_eq!(holder(&cluster, n, key), None, "node {n} still holds {key}");
+        }
+    }
+    for n in 3..5 {
+        assert_eq!(
+            holder(&cluster, n, "min:b"),
+            None,
+            "node {n} still holds min:b"
+        );
+    }
+}

@@ -127,8 +127,9 @@ impl Handshake {
 pub struct Identity {
     /// The server's `run_id`: 40 hex characters, new at every start of the process.
     pub run_id: [u8; 40],
-    /// `uptime_in_seconds` (whole seconds, rounded down by the server: the youngest
-    /// the node can be) ...
+    /// `uptime_in_seconds`, as the server says: the difference of two whole-second
+    /// wall-clock readings, which can exceed the real uptime by up to a second (hence
+    /// the restart guard's documented extra second) ...
     pub uptime: Duration,
     /// ... as of this moment on the client's clock: when its reply was read.
     pub read_at: Instant,
