@@ -549,8 +549,8 @@ impl Builder {
     /// The acquire also reads each node's counter for the resource
     /// (`quorumlock:fence:<resource>`, a permanent key); the fence is the largest counter
     /// among the nodes whose yes won the lock, plus one, and it is written back (raised
-    /// where lower) to every node the round can write to (not one seen lagging) before
-    /// the lock is returned, once a majority has confirmed it; a fenced lock's unlock
+    /// where lower) to every node whose connection is up (queued behind what a lagging
+    /// one owes) before the lock is returned, once a majority has confirmed it; a fenced lock's unlock
     /// raises it again where it deletes the key. Any two majorities share a node, so the
     /// next lock reads it. This needs the counters to survive: a node that restarts empty
     /// loses them (the restart guard protects exclusivity, which expires anyway, but not

@@ -6,8 +6,8 @@
 //! no expiry). A fenced acquire reads the counters with its `SET`s, atomically on each
 //! node (`script::ACQUIRE`); the lock's fence is the largest counter among the nodes
 //! whose yes counted, plus one. Before the lock is returned, that fence is written back
-//! (raised where lower, `script::FENCE`) to every node the round can write to (not one
-//! seen lagging), and the call waits for a majority to confirm it: a quorum
+//! (raised where lower, `script::FENCE`) to every node whose connection is up (queued
+//! behind what a lagging one owes), and the call waits for a majority to confirm it: a quorum
 //! max-register, as in ABD.
 //!
 //! # Invariants

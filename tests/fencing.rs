@@ -124,6 +124,44 @@ fn fences_rise_across_a_minority_node_restarted_empty_with_the_guard_on() {
     rl.unlock(&lock).expect("unlock");
 }
 
+/// The write-back goes to every node whose connection is up, a frozen (lagging) one too:
+/// queued behind what it owes, it raises the counter there when the node wakes.
+#[test]
+fn the_write_back_is_queued_to_frozen_nodes_too() {
+    let cluster = Cluster::start(5);
+    let mut rl = client(&cluster, true);
+    let warm = rl.lock("fence:warm", TTL).expect("lock");
+    rl.unlock(&warm).expect("unlock");
+    cluster.node(3).freeze();
+    cluster.node(4).freeze();
+    // A command queued to the frozen nodes makes them lag once its reply is older than
+    // node_timeout (500 ms): then they are sent nothing new but the write-back.
+    let lag = rl.lock("fence:lag", TTL).expect("3 healthy nodes of 5");
+    let queued_by = std::time::Instant::now();
+    assert!(wait_until(Duration::from_secs(10), || {
+        queued_by.elapsed() > Duration::from_secs(1)
+    }));
+    let lock = rl.lock("fence:frozen", TTL).expect("3 healthy nodes of 5");
+    let fence = lock.fence().expect("fenced");
+    for n in 0..3 {
+        assert_eq!(
+            counter(&cluster, n, "fence:frozen"),
+            Some(fence),
+            "node {n}"
+        );
+    }
+    cluster.node(3).thaw();
+    cluster.node(4).thaw();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            (3..5).all(|n| counter(&cluster, n, "fence:frozen") == Some(fence))
+        }),
+        "the thawed nodes never got the write-back"
+    );
+    rl.unlock(&lock).expect("unlock");
+    rl.unlock(&lag).expect("unlock");
+}
+
 /// A holder that pauses past its validity and then writes is turned away by a storage
 /// that keeps the largest fence it accepted.
 #[test]

@@ -678,8 +678,15 @@ impl Engine {
             } else {
                 NodeError::Lagging
             };
-            if active.req.phase == Phase::Release && chases(active.req.chase, node) {
-                self.release_behind_stale(t, node, active.req, now);
+            // A fence write-back goes to every node whose connection is up, a lagging one
+            // too: it raises the counter there whenever the node runs it.
+            let behind = match active.req.phase {
+                Phase::Release => chases(active.req.chase, node),
+                Phase::Fence => true,
+                _ => false,
+            };
+            if behind {
+                self.queue_behind_stale(t, node, active.req, now);
             }
             // Nothing else new is queued for a node that does not read: its backlog would
             // only grow. A lock command queued there earlier may apply when it wakes up;
@@ -729,11 +736,11 @@ impl Engine {
     /// An unlock still queues its compare-and-delete on a connection that lags (a frozen
     /// or stalled node), not waited for: a SET or an extend queued there earlier applies
     /// when the node wakes, and Redis runs one connection's commands in order, so the
-    /// delete behind it removes the key instead of leaving it for a whole ttl. Bounded by
-    /// the connection's backlog limits; EVAL, not EVALSHA, since no one will read a
-    /// NOSCRIPT.
+    /// delete behind it removes the key instead of leaving it for a whole ttl. A fence
+    /// write-back is queued there the same way. Bounded by the connection's backlog
+    /// limits; EVAL, not EVALSHA, since no one will read a NOSCRIPT.
     #[cold]
-    fn release_behind_stale<T: Transport>(
+    fn queue_behind_stale<T: Transport>(
         &mut self,
         t: &mut T,
         node: usize,
@@ -765,7 +772,8 @@ impl Engine {
         };
         let s = &mut self.sessions[node];
         match Self::send(t, s, &mut self.queued, node, &self.extra, expect, count) {
-            Ok(()) => s.deletes_owed += count,
+            Ok(()) if req.phase == Phase::Release => s.deletes_owed += count,
+            Ok(()) => {}
             Err(e) => self.drop_conn(t, node, e, now),
         }
     }

@@ -673,7 +673,13 @@ impl Session {
         }
         if self.deletes_owed != 0
             && self.pending.front().is_some_and(|e| {
-                !e.counted() && matches!(e.kind, Expected::Command(_) | Expected::Script(_))
+                // The uncounted deletes; a fence write-back queued behind a stale write is
+                // uncounted too, but no delete.
+                !e.counted()
+                    && matches!(
+                        e.kind,
+                        Expected::Command(Phase::Release) | Expected::Script(Phase::Release)
+                    )
             })
         {
             self.deletes_owed -= 1;
