@@ -52,21 +52,7 @@ impl Redlock {
         resources: &[R],
         ttl: Duration,
     ) -> Result<Lock, Error> {
-        let attempts = self.settings.retry_count.saturating_add(1);
-        let mut attempt = 1;
-        loop {
-            match self.attempt_all(resources, ttl, attempt) {
-                Ok(lock) => return Ok(lock),
-                Err(Error::Taken(_) | Error::Unavailable(_) | Error::Expired(_))
-                    if attempt < attempts => {}
-                Err(e) => return Err(e),
-            }
-            let delay = self
-                .tokens
-                .jitter(self.settings.retry_delay, self.settings.retry_jitter);
-            self.driver.idle(Instant::now() + delay);
-            attempt += 1;
-        }
+        self.retrying(|rl, attempt| rl.attempt_all(resources, ttl, attempt))
     }
 
     fn attempt_all<R: AsRef<[u8]>>(

@@ -98,20 +98,30 @@ impl Redlock {
     /// bytes, are [`Error::InvalidArgument`], with nothing sent.
     pub fn lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         let resource = resource.as_ref();
+        self.retrying(|rl, attempt| rl.attempt(resource, ttl, attempt))
+    }
+
+    /// Runs `attempt` (numbered from 1) until it succeeds, fails with an error a retry
+    /// cannot mend, or `retry_count` retries are spent, waiting `retry_delay ±
+    /// retry_jitter` between attempts.
+    pub(crate) fn retrying(
+        &mut self,
+        mut attempt: impl FnMut(&mut Redlock, u32) -> Result<Lock, Error>,
+    ) -> Result<Lock, Error> {
         let attempts = self.settings.retry_count.saturating_add(1);
-        let mut attempt = 1;
+        let mut n = 1;
         loop {
-            match self.attempt(resource, ttl, attempt) {
+            match attempt(self, n) {
                 Ok(lock) => return Ok(lock),
                 Err(Error::Taken(_) | Error::Unavailable(_) | Error::Expired(_))
-                    if attempt < attempts => {}
+                    if n < attempts => {}
                 Err(e) => return Err(e),
             }
             let delay = self
                 .tokens
                 .jitter(self.settings.retry_delay, self.settings.retry_jitter);
             self.driver.idle(Instant::now() + delay);
-            attempt += 1;
+            n += 1;
         }
     }
 
