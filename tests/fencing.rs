@@ -91,14 +91,7 @@ fn fences_rise_across_a_minority_node_restarted_empty_with_the_guard_on() {
         .restart_guard(GUARD)
         .build()
         .expect("valid configuration");
-    let uptime = |i: usize| {
-        cluster
-            .node(i)
-            .admin()
-            .info_field("server", "uptime_in_seconds")
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let uptime = |i: usize| cluster.node(i).admin().uptime_secs();
     assert!(
         wait_until(GUARD * 4, || (0..5).all(|i| uptime(i) > GUARD.as_secs())),
         "the nodes never got older than the guard"

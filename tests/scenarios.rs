@@ -179,14 +179,7 @@ fn the_restart_guard_keeps_a_restarted_node_from_granting_a_second_holder() {
         .build()
         .expect("valid configuration");
     // Every node must be older than the guard, or B could lock nothing at all.
-    let uptime = |i: usize| {
-        cluster
-            .node(i)
-            .admin()
-            .info_field("server", "uptime_in_seconds")
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let uptime = |i: usize| cluster.node(i).admin().uptime_secs();
     assert!(
         wait_until(GUARD * 3, || (0..5).all(|i| uptime(i) > GUARD.as_secs())),
         "the nodes never got older than the guard"

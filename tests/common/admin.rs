@@ -504,6 +504,13 @@ impl Admin {
         })
     }
 
+    /// The server's `uptime_in_seconds` (0 if it cannot be read).
+    pub fn uptime_secs(&mut self) -> u64 {
+        self.info_field("server", "uptime_in_seconds")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// The server's pid (`INFO server` / `process_id`).
     pub fn server_pid(&mut self) -> u32 {
         self.info_field("server", "process_id")
