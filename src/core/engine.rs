@@ -708,29 +708,35 @@ impl Engine {
         s.may_resend = true;
         s.sent = true;
         s.note_write(self.write_until);
+        if let Err(e) = self.send_round(t, node, active.req, now) {
+            self.fail_conn(t, node, e, Some(active));
+        }
+    }
+
+    /// Sends the current round's command to `node` off the hot path (a node just
+    /// (re)connected, or found not simply ready): the frame, or for an extend on a
+    /// connection that has not answered one yet, the script itself.
+    fn send_round<T: Transport>(
+        &mut self,
+        t: &mut T,
+        node: usize,
+        req: &Request<'_>,
+        now: Instant,
+    ) -> Result<(), NodeError> {
+        let s = &mut self.sessions[node];
         let expect = Expect {
             round: self.round_id,
             slot: 0,
-            kind: active.req.expected(),
+            kind: req.expected(),
             sent_at: now,
         };
         let bytes = command_for(
             &self.frames[(self.round_id & 1) as usize],
             &mut self.extra,
-            active.req,
+            req,
             s.extend_script_known,
         );
-        if let Err(e) = Self::send(
-            t,
-            s,
-            &mut self.queued,
-            node,
-            bytes,
-            expect,
-            active.req.commands(),
-        ) {
-            self.fail_conn(t, node, e, Some(active));
-        }
+        Self::send(t, s, &mut self.queued, node, bytes, expect, req.commands())
     }
 
     /// An unlock still queues its compare-and-delete on a connection that lags (a frozen
@@ -1163,31 +1169,9 @@ impl Engine {
         };
         if resend {
             self.connect(t, node, now);
-            let s = &mut self.sessions[node];
-            if s.state != State::Down {
-                let expect = Expect {
-                    round: self.round_id,
-                    slot: 0,
-                    kind: active.req.expected(),
-                    sent_at: now,
-                };
-                let bytes = command_for(
-                    &self.frames[(self.round_id & 1) as usize],
-                    &mut self.extra,
-                    active.req,
-                    s.extend_script_known,
-                );
-                if Self::send(
-                    t,
-                    s,
-                    &mut self.queued,
-                    node,
-                    bytes,
-                    expect,
-                    active.req.commands(),
-                )
-                .is_ok()
-                {
+            if self.sessions[node].state != State::Down {
+                if self.send_round(t, node, active.req, now).is_ok() {
+                    let s = &mut self.sessions[node];
                     s.sent = true;
                     s.note_write(self.write_until);
                     return;
