@@ -1159,27 +1159,37 @@ impl Engine {
         // Closed or reset: most likely the server dropped a connection we had not used
         // for a while (timeout, CLIENT KILL, restart). Anything else is the node's fault.
         let stale = matches!(error, NodeError::Closed | NodeError::Io(..));
-        let resend = std::mem::take(&mut self.sessions[node].may_resend) && stale;
-        self.drop_conn(t, node, error.clone(), now);
-        if std::mem::take(&mut self.sessions[node].held) {
+        // A node whose SET was held back (see `Engine::begin`) has not had its one send
+        // of the round yet: a closed connection gets it on the new one, behind the
+        // handshake, which spaces it from the deletes as the hold would have.
+        let was_held = std::mem::take(&mut self.sessions[node].held);
+        if was_held {
             self.held -= 1;
         }
+        let resend = (std::mem::take(&mut self.sessions[node].may_resend) || was_held) && stale;
+        self.drop_conn(t, node, error.clone(), now);
         let Some(active) = active else {
             return;
         };
-        if resend {
-            self.connect(t, node, now);
-            if self.sessions[node].state != State::Down {
-                if self.send_round(t, node, active.req, now).is_ok() {
-                    let s = &mut self.sessions[node];
-                    s.sent = true;
-                    s.note_write(self.write_until);
-                    return;
+        'failed: {
+            if resend {
+                self.connect(t, node, now);
+                if self.sessions[node].state != State::Down {
+                    if self.send_round(t, node, active.req, now).is_ok() {
+                        let s = &mut self.sessions[node];
+                        s.sent = true;
+                        s.note_write(self.write_until);
+                        break 'failed;
+                    }
+                    self.drop_conn(t, node, NodeError::Backlog, now);
                 }
-                self.drop_conn(t, node, NodeError::Backlog, now);
             }
+            active.round.fail_node(node, &error);
         }
-        active.round.fail_node(node, &error);
+        // The node may have been the last one the held nodes waited for.
+        if self.held != 0 {
+            self.send_held(t, Some(active), None);
+        }
     }
 
     /// Fire-and-forget compare-and-delete of `lost` slots on every node the round's
@@ -1240,10 +1250,13 @@ impl Engine {
 
     /// Whether a connection still owes the reply to a delete that nobody waits for (after
     /// a lost attempt, behind a stale write).
-    pub fn owes_deletes(&self) -> bool {
+    /// Lagging nodes (owing replies older than `node_timeout` at `now`) are not counted:
+    /// they may not answer for a long time.
+    pub fn owes_deletes(&self, now: Instant) -> bool {
+        let cutoff = now.checked_sub(self.timing.node_timeout);
         self.sessions
             .iter()
-            .any(|s| s.deletes_owed != 0 && s.state != State::Down)
+            .any(|s| s.deletes_owed != 0 && s.state != State::Down && !s.is_lagging(cutoff))
     }
 
     /// Some node that was sent the current round's command still holds it unwritten (a
@@ -1413,6 +1426,8 @@ mod tests {
         now: Instant,
         written: Vec<Vec<u8>>,
         replies: Vec<Vec<u8>>,
+        /// Nodes whose peer closes once what was fed is read.
+        closing: Vec<bool>,
     }
 
     impl Transport for Pipes {
@@ -1433,6 +1448,9 @@ mod tests {
         fn read(&mut self, node: usize, buf: &mut [u8]) -> Result<Received, NodeError> {
             let r = &mut self.replies[node];
             if r.is_empty() {
+                if std::mem::take(&mut self.closing[node]) {
+                    return Ok(Received::Closed);
+                }
                 return Ok(Received::Nothing);
             }
             let n = r.len().min(buf.len());
@@ -1460,6 +1478,7 @@ mod tests {
             now: t0,
             written: vec![Vec::new(); NODES],
             replies: vec![Vec::new(); NODES],
+            closing: vec![false; NODES],
         };
         e.maintain(&mut t, t0);
         for node in 0..NODES {
@@ -1572,6 +1591,32 @@ mod tests {
         }
         assert_eq!(a.round.decision(0), crate::core::round::Decision::Won);
         assert_eq!(a.round.yes(0), 3);
+    }
+
+    #[test]
+    fn a_held_node_whose_connection_closes_gets_its_set_on_the_new_one_and_frees_the_others() {
+        let (mut e, mut t) = ready();
+        lost_attempt(&mut e, &mut t);
+        t.now += Duration::from_micros(50);
+        let mark = marks(&t);
+        let mut a = Attempt::new(KEY, 2);
+        a.begin(&mut e, &mut t);
+        for node in [0, 2, 3, 4] {
+            a.feed(&mut e, &mut t, node, b":0\r\n");
+        }
+        assert_eq!(marks(&t), mark, "node 1 still owes its delete: all held");
+        // Node 1's server closes the connection (its delete is lost with it): the others
+        // no longer wait for it, and node 1 gets its SET on a new connection, behind the
+        // handshake, instead of failing its vote.
+        t.closing[1] = true;
+        a.with(|x| e.on_event(&mut t, 1, true, true, Some(x)));
+        for node in [0, 2, 3, 4] {
+            assert!(a.set_written(&t, node, &mark), "node {node} still held");
+        }
+        assert!(a.round.is_pending(1, 0), "the closed node's vote failed");
+        a.with(|x| e.on_event(&mut t, 1, false, false, Some(x))); // established
+        assert!(a.set_written(&t, 1, &mark), "no SET on the new connection");
+        assert_eq!(e.held, 0);
     }
 
     #[test]

@@ -216,9 +216,9 @@ impl Driver {
     /// nodes right after a failure (`lock_all`).
     pub fn settle_deletes(&mut self, until: Instant) {
         let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
-        while self.engine.owes_deletes() {
+        loop {
             let now = Instant::now();
-            if now >= until {
+            if now >= until || !self.engine.owes_deletes(now) {
                 break;
             }
             self.poll_once(&mut events, until - now, None);
