@@ -4,9 +4,6 @@ use crate::Redlock;
 use crate::error::{ConfigError, Error};
 use crate::resp::Limits;
 
-/// The least `Limits::max_bulk_len` accepted: every connection reads the server's
-/// `INFO server` text (about 1.5 KiB; its paths can make it longer).
-const MIN_BULK_LEN: usize = 16 * 1024;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -667,16 +664,12 @@ impl Builder {
             ));
         }
         let l = self.limits;
-        if l.max_bulk_len < MIN_BULK_LEN
-            || l.max_array_len < 1
-            || l.max_depth < 1
-            || l.max_line_len < 64
-        {
+        if l.max_bulk_len < 64 || l.max_array_len < 1 || l.max_depth < 1 || l.max_line_len < 64 {
             return Err(ConfigError::new(
                 "limits",
                 format!("{l:?}"),
-                "too small to read ordinary replies (max_bulk_len >= 16384 for the INFO server \
-                 read at each connect, max_line_len >= 64, others >= 1)",
+                "too small to read ordinary replies (max_bulk_len and max_line_len >= 64, \
+                 others >= 1)",
             ));
         }
         Ok(Settings {

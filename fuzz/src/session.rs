@@ -285,6 +285,17 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits, now: Instant) -> 
     let Some(&expect) = front else {
         return broken(NodeError::UnexpectedReply("a reply nobody asked for"), None);
     };
+    // The `INFO` text is read whatever the limits on lock replies, up to the first read
+    // buffer (less a margin).
+    let info_limits = Limits {
+        max_bulk_len: limits.max_bulk_len.max(INBOX - 64),
+        ..*limits
+    };
+    let limits = if expect.kind == Expected::Handshake(Handshake::Info) {
+        &info_limits
+    } else {
+        limits
+    };
     let (reply, used) = match decode(buf, limits) {
         Ok(None) => return none,
         Ok(Some(parsed)) => parsed,

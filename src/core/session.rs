@@ -37,6 +37,9 @@ const MAX_OUTBOX: usize = 1 << 20;
 const MAX_PENDING: usize = 1 << 16;
 /// First read buffer size; enough for thousands of pipelined lock replies.
 const INBOX: usize = 16 * 1024;
+/// The longest `INFO server` text read whatever the limits (it is about 1.5 KiB; its
+/// paths can make it longer): it fits the first read buffer.
+const INFO_MAX: usize = INBOX - 64;
 /// Owed replies the queue holds before it allocates: calls return at a majority, so a
 /// healthy node is often a few rounds behind, and up to `MAX_ROUNDS_BEHIND` (64) of
 /// single-command rounds before it counts as lagging; 128 entries (4 KiB) cover that
@@ -541,6 +544,19 @@ impl Session {
                     None,
                     NodeError::UnexpectedReply("a reply nobody asked for"),
                 ));
+            };
+            // The server's `INFO` text is not bounded by the limits set for lock replies
+            // (a user may set `max_bulk_len` far below it), only by the first read
+            // buffer: it is read once per connection.
+            let info_limits;
+            let limits = if expect.kind == Expected::Handshake(Handshake::Info) {
+                info_limits = Limits {
+                    max_bulk_len: limits.max_bulk_len.max(INFO_MAX),
+                    ..*limits
+                };
+                &info_limits
+            } else {
+                limits
             };
             let (reply, used) = match self.peek(limits) {
                 Ok(None) => return None,
@@ -1063,7 +1079,12 @@ mod tests {
         feed(&mut s, INFO);
         feed(&mut s, b"+PONG\r\n");
         let read_at = t0 + Duration::from_millis(5);
-        assert_eq!(s.next_answer(&Limits::default(), read_at), None);
+        // Read whatever the limits on lock replies (the 121-byte text is over this one).
+        let tight = Limits {
+            max_bulk_len: 64,
+            ..Limits::default()
+        };
+        assert_eq!(s.next_answer(&tight, read_at), None);
         let id = s.identity.expect("INFO server read");
         assert_eq!(&id.run_id[..], b"7a1f0c3b9d2e4f5a6b7c8d9e0f1a2b3c4d5e6f70");
         assert_eq!(id.up_for(read_at), Duration::from_secs(42));

@@ -53,8 +53,8 @@ pub use value::Value;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Largest bulk string accepted, in bytes; at least 16 KiB, since every connection
-    /// reads the server's `INFO server` text.
+    /// Largest bulk string accepted, in bytes. (The server's `INFO server` text, read
+    /// once per connection, may be up to 16 KiB whatever this says.)
     pub max_bulk_len: usize,
     /// Largest array accepted, in elements.
     pub max_array_len: usize,
