@@ -24,8 +24,9 @@
 //!   that deletes its key (`script::RELEASE_FENCED`), so no node frees the key without
 //!   the fence, even one the write-back missed: the next holder needs the key free on a
 //!   majority, and reads the counter there.
-//! - Counters are Lua numbers (doubles) on the nodes, exact up to 2^53; a node that
-//!   answers a larger one is treated as out of step.
+//! - Counters are Lua numbers (doubles) on the nodes, exact up to 2^53: a node that
+//!   answers a counter of 2^53 or more is treated as out of step, so every fence, one
+//!   more, stays exact where the scripts compare it.
 //! - Counters are permanent state: a node that restarts empty loses them. The restart
 //!   guard keeps such a node's yes from counting for a while, which protects exclusivity
 //!   (keys expire anyway) but not counters; strict order across restarts needs

@@ -343,7 +343,7 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits, now: Instant) -> 
         }
         Expected::FencedAcquire => {
             let (outcome, counter) = match reply {
-                Reply::Integer(n) if (0..=1 << 53).contains(&n) => {
+                Reply::Integer(n) if (0..=(1 << 53) - 1).contains(&n) => {
                     (Outcome::Locked, Some(n as u64))
                 }
                 Reply::Bulk(None) => (Outcome::Held, None),

@@ -961,6 +961,10 @@ impl Engine {
         }
         let mut sent_at = now;
         for node in 0..self.sessions.len() {
+            // A failure below may decide the round: then nothing more is sent.
+            if active.round.is_done() {
+                break;
+            }
             let s = &mut self.sessions[node];
             if !s.held || (s.deletes_owed != 0 && s.state != State::Down) {
                 continue;
@@ -1166,11 +1170,13 @@ impl Engine {
         if was_held {
             self.held -= 1;
         }
-        let resend = (std::mem::take(&mut self.sessions[node].may_resend) || was_held) && stale;
+        let may_resend = std::mem::take(&mut self.sessions[node].may_resend);
         self.drop_conn(t, node, error.clone(), now);
         let Some(active) = active else {
             return;
         };
+        // Once the round is decided, a held node is sent nothing.
+        let resend = stale && (may_resend || (was_held && !active.round.is_done()));
         'failed: {
             if resend {
                 self.connect(t, node, now);

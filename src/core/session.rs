@@ -52,8 +52,9 @@ const PENDING: usize = 128;
 pub const UNCOUNTED: u64 = 1 << 63;
 
 /// The largest fence counter a fenced acquire may answer: counters are Lua numbers
-/// (doubles), exact only up to 2^53; a larger one is a reply out of step.
-pub const MAX_COUNTER: i64 = 1 << 53;
+/// (doubles), exact only up to 2^53, and the fence (counter + 1) must stay exact when
+/// the scripts compare it; a larger one is a reply out of step.
+pub const MAX_COUNTER: i64 = (1 << 53) - 1;
 
 /// What a queued reply belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1126,5 +1127,32 @@ mod tests {
         // Bare LF line ends are read too.
         let lf = [&run[..], b"\nuptime_in_seconds:7\n"].concat();
         assert_eq!(id(&lf).map(|i| i.uptime), Some(Duration::from_secs(7)));
+    }
+
+    #[test]
+    fn a_fenced_acquire_answers_a_counter_that_stays_exact() {
+        let limits = Limits::default();
+        let mut s = ready_owing(&[]);
+        for slot in 0..3 {
+            let expect = Expect {
+                slot,
+                kind: Expected::FencedAcquire,
+                ..command_expect(1, Phase::Acquire, base())
+            };
+            s.enqueue(expect, 1).unwrap();
+        }
+        feed(&mut s, b":9007199254740991\r\n$-1\r\n:9007199254740992\r\n");
+        let a = s.next_answer(&limits, base()).unwrap();
+        assert_eq!(
+            (a.outcome, a.counter),
+            (Outcome::Locked, Some((1 << 53) - 1))
+        );
+        // Not the fast path: a fenced acquire's reply carries more than a vote.
+        assert_eq!(s.take_vote(), None);
+        let a = s.next_answer(&limits, base()).unwrap();
+        assert_eq!((a.outcome, a.counter), (Outcome::Held, None));
+        // 2^53: its fence would not be exact in the node's Lua: out of step.
+        let a = s.next_answer(&limits, base()).unwrap();
+        assert!(matches!(a.outcome, Outcome::Failed(ref e) if e.breaks_stream()));
     }
 }

@@ -107,7 +107,8 @@ impl Driver {
         // A release is decided by a majority, but does not return while a delete it
         // wrote is still waiting in the process (a connection being reopened): nothing
         // else might flush it. Bounded, like the round, by `node_timeout`.
-        let release = req.phase == Phase::Release;
+        // A fence write-back likewise: it is meant for every node whose connection is up.
+        let release = matches!(req.phase, Phase::Release | Phase::Fence);
         while !active.round.is_done() || (release && self.engine.writes_pending()) {
             let timeout = match budget.next_wait() {
                 Some(wait) => wait,
