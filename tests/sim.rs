@@ -176,17 +176,23 @@ fn a_seed_replays_exactly() {
     }
 }
 
-/// The unsafe restart the README warns of: a node restarts empty at once while a lock
-/// lives on a bare majority. The simulator must be able to show two holders at once.
-#[test]
-fn unsafe_restart() {
-    let seeds = match env_u64("SIM_SEED") {
+/// The seeds of the restart tests: `SIM_SEED` alone, or `SIM_SCENARIOS` (500) from
+/// `SIM_BASE` (0).
+fn restart_seeds() -> std::ops::Range<u64> {
+    match env_u64("SIM_SEED") {
         Some(seed) => seed..seed + 1,
         None => {
             let base = env_u64("SIM_BASE").unwrap_or(0);
             base..base + env_u64("SIM_SCENARIOS").unwrap_or(500)
         }
-    };
+    }
+}
+
+/// The unsafe restart the README warns of: a node restarts empty at once while a lock
+/// lives on a bare majority. The simulator must be able to show two holders at once.
+#[test]
+fn unsafe_restart() {
+    let seeds = restart_seeds();
     let t = Instant::now();
     let s = run_many(seeds.clone(), Mode::UnsafeRestart);
     report("unsafe restart", &s, t.elapsed().as_secs_f64());
@@ -207,13 +213,7 @@ fn unsafe_restart() {
 /// guard and lock again, and the restarted node's yes is seen to count again.
 #[test]
 fn guarded_restart() {
-    let seeds = match env_u64("SIM_SEED") {
-        Some(seed) => seed..seed + 1,
-        None => {
-            let base = env_u64("SIM_BASE").unwrap_or(0);
-            base..base + env_u64("SIM_SCENARIOS").unwrap_or(500)
-        }
-    };
+    let seeds = restart_seeds();
     let t = Instant::now();
     let s = run_many(seeds.clone(), Mode::GuardedRestart);
     report("guarded restart", &s, t.elapsed().as_secs_f64());
