@@ -354,6 +354,8 @@ pub struct Settings {
     pub restart_guard: Duration,
     /// Every lock carries a fence ([`Lock::fence`](crate::Lock::fence)).
     pub fencing: bool,
+    /// The longest a [`Lease`](crate::Lease) is kept alive; `None`: no limit.
+    pub max_hold: Option<Duration>,
 }
 
 /// Builds a [`Redlock`]: set the nodes, optionally tune, then [`Builder::build`].
@@ -369,6 +371,7 @@ pub struct Settings {
 /// | `max_backoff` | 1 s |
 /// | `restart_guard` | off (zero) |
 /// | `fencing` | off |
+/// | `max_hold` | none (a lease is kept alive until released or lost) |
 ///
 /// # Example
 ///
@@ -402,6 +405,7 @@ pub struct Builder {
     limits: Limits,
     restart_guard: Duration,
     fencing: bool,
+    max_hold: Option<Duration>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -420,6 +424,7 @@ impl std::fmt::Debug for Builder {
             .field("limits", &self.limits)
             .field("restart_guard", &self.restart_guard)
             .field("fencing", &self.fencing)
+            .field("max_hold", &self.max_hold)
             .finish()
     }
 }
@@ -438,6 +443,7 @@ impl Default for Builder {
             limits: Limits::default(),
             restart_guard: Duration::ZERO,
             fencing: false,
+            max_hold: None,
         }
     }
 }
@@ -581,6 +587,31 @@ impl Builder {
         self
     }
 
+    /// The longest a [`Lease`](crate::Lease) of the shared client is kept alive (default:
+    /// no limit). Past it the lease is no longer extended: it is released and reported
+    /// lost, so that a worker that hangs while holding a lease cannot hold the resource
+    /// forever. A job that may legitimately run long should set it to the longest run it
+    /// can have; one that must never lose its lease to this rule leaves it unset and
+    /// watches [`Lease::lost`](crate::Lease::lost) instead.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use quorumlock::Redlock;
+    ///
+    /// let shared = Redlock::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .max_hold(Duration::from_secs(3600))
+    ///     .build_shared()?;
+    /// # drop(shared);
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    pub fn max_hold(mut self, d: Duration) -> Self {
+        self.max_hold = Some(d);
+        self
+    }
+
     /// Bounds on server replies (defaults in [`Limits`]).
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
@@ -593,6 +624,16 @@ impl Builder {
     /// value), never because a node is down: unreachable nodes are retried as calls go on.
     pub fn build(self) -> Result<Redlock, Error> {
         Redlock::from_settings(self.settings()?)
+    }
+
+    /// Checks every setting, then starts the shared client's loop thread, which opens
+    /// connections without waiting for them: a [`SharedRedlock`](crate::SharedRedlock),
+    /// one event loop and one connection per node for every clone of it.
+    ///
+    /// Fails on invalid settings ([`Error::Config`]) or when the operating system refuses
+    /// the event queue or the thread ([`Error::Os`]), never because a node is down.
+    pub fn build_shared(self) -> Result<crate::SharedRedlock, Error> {
+        crate::SharedRedlock::from_settings(self.settings()?)
     }
 
     /// Validates without connecting.
@@ -656,6 +697,15 @@ impl Builder {
                 "must be at most MAX_TTL (24 h)",
             ));
         }
+        if let Some(d) = self.max_hold {
+            if d.is_zero() {
+                return Err(ConfigError::new(
+                    "max_hold",
+                    format!("{d:?}"),
+                    "must be greater than zero (leave it unset for no limit)",
+                ));
+            }
+        }
         if !(0.0..1.0).contains(&self.drift_factor) {
             return Err(ConfigError::new(
                 "drift_factor",
@@ -684,6 +734,7 @@ impl Builder {
             limits: self.limits,
             restart_guard: self.restart_guard,
             fencing: self.fencing,
+            max_hold: self.max_hold,
         })
     }
 }

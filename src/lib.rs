@@ -62,6 +62,7 @@ mod lock;
 mod lock_all;
 mod redlock;
 mod resp;
+mod shared;
 
 pub use config::{Builder, Endpoint, Settings};
 pub use error::{
@@ -70,6 +71,7 @@ pub use error::{
 pub use lock::{INLINE_RESOURCE, Lock};
 pub use redlock::{MAX_RESOURCE, MAX_TTL, Redlock};
 pub use resp::{Limits, ProtocolError};
+pub use shared::{Lease, Lost, SharedRedlock};
 
 /// Internals for this crate's benches, fuzz targets and tests. Not part of the API: no
 /// stability promise, may change in any release.

@@ -74,6 +74,20 @@ impl Lock {
     }
 
     /// With the resources after the first (a lock taken by `lock_all`).
+    /// A copy, for the shared client's loop (a lock is not `Clone`: one value per hold).
+    pub(crate) fn duplicate(&self) -> Lock {
+        Lock {
+            resource: self.resource.clone(),
+            token: self.token,
+            ttl: self.ttl,
+            started: self.started,
+            written: self.written,
+            deadline: self.deadline,
+            more: self.more.clone(),
+            fence: self.fence,
+        }
+    }
+
     pub(crate) fn with_more(mut self, more: Vec<Box<[u8]>>) -> Lock {
         self.more = (!more.is_empty()).then(|| Box::new(more));
         self

@@ -55,7 +55,7 @@ impl Redlock {
         self.retrying(|rl, attempt| rl.attempt_all(resources, ttl, attempt))
     }
 
-    fn attempt_all<R: AsRef<[u8]>>(
+    pub(crate) fn attempt_all<R: AsRef<[u8]>>(
         &mut self,
         resources: &[R],
         ttl: Duration,

@@ -340,7 +340,12 @@ impl Redlock {
         self.settle_release(&items[0], 0, start)
     }
 
-    fn settle_release(&self, item: &Item<'_>, slot: usize, start: Instant) -> Result<usize, Error> {
+    pub(crate) fn settle_release(
+        &self,
+        item: &Item<'_>,
+        slot: usize,
+        start: Instant,
+    ) -> Result<usize, Error> {
         if self.round.answered(slot) >= self.quorum() {
             Ok(self.round.yes(slot))
         } else {

@@ -45,7 +45,15 @@ pub(crate) struct Driver {
     events: Events,
     engine: Engine,
     net: Net,
+    /// Readiness seen for tokens that are not nodes' (the shared client's waker and
+    /// subscriber sockets, registered on this `Poll`): bit `i` for token `nodes + i`, bit 63
+    /// for [`WAKER`]. Collected, never acted on, here: the owner of those sources reads it
+    /// with [`Driver::take_foreign`].
+    foreign: u64,
 }
+
+/// The token of a `mio::Waker` registered on the driver's `Poll` ([`Driver::registry`]).
+pub(crate) const WAKER: mio::Token = mio::Token(usize::MAX);
 
 impl Driver {
     pub fn new(settings: &Settings) -> io::Result<Driver> {
@@ -73,6 +81,7 @@ impl Driver {
             poll,
             engine: Engine::new(logins, timing, now),
             net,
+            foreign: 0,
         };
         // Start connecting now, so the first call finds connections ready.
         driver.engine.maintain(&mut driver.net, now);
@@ -186,17 +195,51 @@ impl Driver {
             return false;
         }
         for ev in events.iter() {
+            let node = ev.token().0;
+            if node >= self.net.endpoints().len() {
+                self.foreign_event(node);
+                continue;
+            }
             let closed = ev.is_read_closed() || ev.is_error();
             let readable = ev.is_readable() || closed;
-            self.engine.on_event(
-                &mut self.net,
-                ev.token().0,
-                readable,
-                closed,
-                active.as_deref_mut(),
-            );
+            self.engine
+                .on_event(&mut self.net, node, readable, closed, active.as_deref_mut());
         }
         true
+    }
+
+    #[cold]
+    fn foreign_event(&mut self, token: usize) {
+        let nodes = self.net.endpoints().len();
+        self.foreign |= if token == WAKER.0 {
+            1 << 63
+        } else {
+            1u64.checked_shl((token - nodes) as u32).unwrap_or(0)
+        };
+    }
+
+    /// The registry of the driver's `Poll`, for sources whose events the driver only
+    /// collects ([`Driver::take_foreign`]): tokens from `nodes` up (`nodes + i` is bit `i`)
+    /// and [`WAKER`].
+    pub fn registry(&self) -> &mio::Registry {
+        self.poll.registry()
+    }
+
+    /// The foreign readiness collected since the last call (see [`Driver::registry`]).
+    pub fn take_foreign(&mut self) -> u64 {
+        std::mem::take(&mut self.foreign)
+    }
+
+    /// One wait of at most `timeout` (none: until an event), between rounds: late replies
+    /// are read (and dropped), foreign readiness collected. False when nothing came.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> bool {
+        let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
+        let woke = match timeout {
+            Some(t) => self.poll_once(&mut events, t, None),
+            None => self.poll_once(&mut events, Duration::from_secs(3600), None),
+        };
+        self.events = events;
+        woke
     }
 
     /// Waits until `until`, reading (and discarding) late replies meanwhile.

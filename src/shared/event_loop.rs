@@ -1,0 +1,685 @@
+//! The loop thread of the shared client: takes the queued requests, runs them in rounds
+//! on a direct client's driver (the same protocol core), answers them, and keeps leases
+//! alive.
+//!
+//! # Overview
+//!
+//! One pass of the loop: take every request queued ([`Queue`]); fire the timers that are
+//! due (attempts to retry, leases to extend or to declare lost, `lock_within` deadlines);
+//! then run one round per kind of work ready — releases first (they free resources
+//! others wait for), then extends, then acquires, all acquires of one ttl in one round
+//! (K commands, one write per node); answer; and sleep until the next timer or request.
+//!
+//! # Invariants
+//!
+//! - Every request taken is answered exactly once, or, when its caller is gone, what it
+//!   acquired is released ([`Call::answer`]).
+//! - A lease is extended only while it is not lost, and only ever with compare-and-pexpire
+//!   on its own token: a key it lost is never taken back.
+//! - The loop ends only when no handle is left, after the releases queued before then
+//!   have left the process (a release round waits for its writes).
+//! - Steady state (every node ready, requests of one ttl) allocates nothing per request:
+//!   the scratch buffers of a round are kept between rounds.
+
+use super::call::{Call, Done, Op};
+use super::lease::LeaseShared;
+use super::{Inner, Queue, loop_gone};
+use crate::config::Settings;
+use crate::core::engine::{Item, Request};
+use crate::core::quorum::safe_span;
+use crate::driver::WAKER;
+use crate::error::{Error, OsError, Phase};
+use crate::lock::Lock;
+use crate::redlock::{MAX_BATCH, MAX_BATCH_BYTES, Redlock, check_resource, ttl_millis};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Starts the loop thread; returns what its handles share.
+pub(crate) fn start(settings: Settings) -> Result<Arc<Inner>, Error> {
+    let rl = Redlock::from_settings(settings.clone())?;
+    let waker = mio::Waker::new(rl.driver.registry(), WAKER)
+        .map_err(|e| Error::Os(OsError::new("creating the shared client's waker", e)))?;
+    let inner = Arc::new(Inner {
+        settings,
+        queue: Mutex::new(Queue {
+            calls: Vec::new(),
+            dropped: Vec::new(),
+            sleeping: false,
+            stopping: false,
+            ended: false,
+        }),
+        waker,
+        users: AtomicUsize::new(1),
+    });
+    let shared = Arc::clone(&inner);
+    std::thread::Builder::new()
+        .name("quorumlock".into())
+        .spawn(move || {
+            let mut l = EventLoop::new(rl, shared);
+            l.run();
+        })
+        .map_err(|e| Error::Os(OsError::new("starting the shared client's loop thread", e)))?;
+    Ok(inner)
+}
+
+/// An acquire request between its attempts.
+struct Acquire {
+    call: Arc<Call>,
+    /// Attempts made so far.
+    made: u32,
+    attempts: u32,
+    /// No attempt starts at or after this (`lock_within`).
+    until: Option<Instant>,
+    /// When the next attempt may start (or, with `last` set, when to answer).
+    due: Instant,
+    ttl: Duration,
+    ttl_ms: u64,
+    lease: bool,
+    /// The error of the last attempt, answered at `due` when no attempt is left.
+    last: Option<Error>,
+}
+
+/// A live lease, as the loop keeps it.
+struct LeaseEntry {
+    shared: Arc<LeaseShared>,
+    lock: Lock,
+    ttl: Duration,
+    /// When to extend next.
+    next: Instant,
+    /// Past this the lease is released and lost ([`Settings::max_hold`]).
+    hold_until: Option<Instant>,
+    lost: bool,
+}
+
+struct EventLoop {
+    rl: Redlock,
+    inner: Arc<Inner>,
+    /// Requests taken from the queue (swapped with it: both keep their capacity).
+    taken: Vec<Arc<Call>>,
+    dropped: Vec<Arc<LeaseShared>>,
+    /// Acquires waiting for their next attempt, or their final answer.
+    waiting: Vec<Acquire>,
+    /// Acquires to attempt now.
+    ready: Vec<Acquire>,
+    /// Extends and unlocks asked for by callers, to run now.
+    extends: Vec<Arc<Call>>,
+    unlocks: Vec<Arc<Call>>,
+    /// Locks to release with no one waiting for the answer (abandoned acquisitions,
+    /// dropped leases, leases past their maximum hold or found lost).
+    orphans: Vec<Lock>,
+    leases: Vec<LeaseEntry>,
+    /// Scratch of an acquire round: the keys, end to end, and each one's span.
+    keys: Vec<u8>,
+    spans: Vec<(usize, usize)>,
+    tokens: Vec<crate::core::token::Token>,
+    settled: Vec<Result<Lock, Error>>,
+    batch: Vec<Acquire>,
+    /// Scratch of an acquire round's items (kept empty between rounds).
+    items: Vec<Item<'static>>,
+    /// Scratch of a release round.
+    locks: Vec<Lock>,
+    owners: Vec<Option<Arc<Call>>>,
+}
+
+impl EventLoop {
+    fn new(rl: Redlock, inner: Arc<Inner>) -> EventLoop {
+        EventLoop {
+            rl,
+            inner,
+            taken: Vec::new(),
+            dropped: Vec::new(),
+            waiting: Vec::new(),
+            ready: Vec::new(),
+            extends: Vec::new(),
+            unlocks: Vec::new(),
+            orphans: Vec::new(),
+            leases: Vec::new(),
+            keys: Vec::new(),
+            spans: Vec::new(),
+            tokens: Vec::new(),
+            settled: Vec::new(),
+            batch: Vec::new(),
+            items: Vec::new(),
+            locks: Vec::new(),
+            owners: Vec::new(),
+        }
+    }
+
+    fn run(&mut self) {
+        // Whatever ends the loop (a return, or a panic unwinding through here), the
+        // handles learn it and nothing queued waits forever.
+        let _guard = EndGuard(Arc::clone(&self.inner));
+        loop {
+            let stopping = self.take_queue();
+            let now = Instant::now();
+            self.fire_timers(now);
+            if self.has_work(now) {
+                self.run_rounds();
+                continue;
+            }
+            if stopping {
+                break;
+            }
+            self.sleep();
+        }
+        // No handle is left, so no caller either: an acquire still waiting belongs to a
+        // future dropped before its answer, and has nothing to release.
+        for a in self.waiting.drain(..) {
+            a.call.answer(Err(loop_gone()));
+        }
+    }
+
+    fn has_work(&self, now: Instant) -> bool {
+        !self.ready.is_empty()
+            || !self.extends.is_empty()
+            || !self.unlocks.is_empty()
+            || !self.orphans.is_empty()
+            || self.leases_due(now)
+    }
+
+    /// Takes every queued request; true once no handle is left.
+    fn take_queue(&mut self) -> bool {
+        let stopping = {
+            let mut q = self.inner.queue();
+            q.sleeping = false;
+            std::mem::swap(&mut q.calls, &mut self.taken);
+            std::mem::swap(&mut q.dropped, &mut self.dropped);
+            q.stopping
+        };
+        let now = Instant::now();
+        let mut taken = std::mem::take(&mut self.taken);
+        for call in taken.drain(..) {
+            self.accept(call, now);
+        }
+        self.taken = taken;
+        for lease in self.dropped.drain(..) {
+            if let Some(i) = self
+                .leases
+                .iter()
+                .position(|e| Arc::ptr_eq(&e.shared, &lease))
+            {
+                let entry = self.leases.swap_remove(i);
+                self.orphans.push(entry.lock);
+            }
+        }
+        stopping
+    }
+
+    /// Sorts one request into the work of this pass; refuses bad arguments at once.
+    fn accept(&mut self, call: Arc<Call>, now: Instant) {
+        let r = call.lock();
+        match r.op {
+            Op::Lock { .. } | Op::Lease => {
+                let (attempts, until, lease) = match r.op {
+                    Op::Lock { attempts, until } => (attempts, until, false),
+                    _ => (self.rl.settings.retry_count.saturating_add(1), None, true),
+                };
+                let ttl = r.ttl;
+                let checked = ttl_millis(ttl).and_then(|ms| {
+                    self.rl.check_key(&r.key)?;
+                    check_resource(&r.key)?;
+                    let whole = Duration::from_millis(ms);
+                    if safe_span(whole, self.rl.settings.drift_factor).is_none() {
+                        return Err(self.rl.ttl_within_drift(ttl));
+                    }
+                    if self.rl.settings.fencing {
+                        self.rl.check_fenced_ttl(whole)?;
+                    }
+                    Ok(ms)
+                });
+                drop(r);
+                match checked {
+                    Ok(ttl_ms) => self.ready.push(Acquire {
+                        call,
+                        made: 0,
+                        attempts: attempts.max(1),
+                        until,
+                        due: now,
+                        ttl,
+                        ttl_ms,
+                        lease,
+                        last: None,
+                    }),
+                    Err(e) => {
+                        call.answer(Err(e));
+                    }
+                }
+            }
+            Op::LockAll => {
+                drop(r);
+                self.ready.push(Acquire {
+                    call,
+                    made: 0,
+                    attempts: self.rl.settings.retry_count.saturating_add(1),
+                    until: None,
+                    due: now,
+                    ttl: Duration::ZERO,
+                    ttl_ms: 0,
+                    lease: false,
+                    last: None,
+                });
+            }
+            Op::Extend => {
+                drop(r);
+                self.extends.push(call);
+            }
+            Op::Unlock | Op::Release => {
+                drop(r);
+                self.unlocks.push(call);
+            }
+        }
+    }
+
+    /// Moves due retries to `ready`, answers `lock_within` calls whose time is up, and
+    /// keeps leases: lost at their deadline or maximum hold, extended when due.
+    fn fire_timers(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.waiting.len() {
+            if self.waiting[i].due > now {
+                i += 1;
+                continue;
+            }
+            let a = self.waiting.swap_remove(i);
+            match a.last {
+                Some(e) => self.answer_acquire(a.call, Err(e)),
+                None => self.ready.push(a),
+            }
+        }
+        for e in &mut self.leases {
+            if e.lost {
+                continue;
+            }
+            if now >= e.lock.deadline() {
+                e.lost = true;
+                e.shared.mark_lost();
+                continue;
+            }
+            if e.hold_until.is_some_and(|h| now >= h) {
+                e.lost = true;
+                e.shared.mark_lost();
+                self.orphans.push(e.lock.duplicate());
+            }
+        }
+    }
+
+    /// Leases due for an extend now.
+    fn leases_due(&self, now: Instant) -> bool {
+        self.leases.iter().any(|e| !e.lost && now >= e.next)
+    }
+
+    /// One round per kind of work: releases, extends, acquires.
+    fn run_rounds(&mut self) {
+        if !self.unlocks.is_empty() || !self.orphans.is_empty() {
+            self.run_releases();
+        }
+        if !self.extends.is_empty() {
+            self.run_extends();
+        }
+        if self.leases_due(Instant::now()) {
+            self.extend_leases();
+        }
+        if !self.ready.is_empty() {
+            self.run_acquires();
+        }
+    }
+
+    /// The next moment a timer is due.
+    fn next_timer(&self) -> Option<Instant> {
+        let waits = self.waiting.iter().map(|a| a.due);
+        let leases = self
+            .leases
+            .iter()
+            .filter(|e| !e.lost)
+            .flat_map(|e| [Some(e.next), Some(e.lock.deadline()), e.hold_until])
+            .flatten();
+        waits.chain(leases).min()
+    }
+
+    /// Waits for a request, a timer, or a late reply.
+    fn sleep(&mut self) {
+        {
+            let mut q = self.inner.queue();
+            if !q.calls.is_empty() || !q.dropped.is_empty() || q.stopping {
+                return;
+            }
+            q.sleeping = true;
+        }
+        let timeout = self
+            .next_timer()
+            .map(|t| t.saturating_duration_since(Instant::now()));
+        if timeout != Some(Duration::ZERO) {
+            self.rl.driver.wait(timeout);
+        }
+        let _ = self.rl.driver.take_foreign();
+    }
+
+    // ---- acquires ----
+
+    fn run_acquires(&mut self) {
+        // One round for the acquires of the first one's ttl (and kind); the rest wait
+        // for the next pass, which comes at once.
+        let first = &self.ready[0];
+        let (ttl_ms, multi) = (first.ttl_ms, is_lock_all(&first.call));
+        if multi {
+            let a = self.ready.swap_remove(0);
+            return self.attempt_all(a);
+        }
+        self.batch.clear();
+        let mut bytes = 0;
+        let mut i = 0;
+        while i < self.ready.len() && self.batch.len() < MAX_BATCH {
+            let a = &self.ready[i];
+            if a.ttl_ms != ttl_ms || is_lock_all(&a.call) {
+                i += 1;
+                continue;
+            }
+            let len = a.call.lock().key.len() + 128;
+            if !self.batch.is_empty() && bytes + len > MAX_BATCH_BYTES {
+                break;
+            }
+            bytes += len;
+            let a = self.ready.swap_remove(i);
+            self.batch.push(a);
+        }
+        let mut batch = std::mem::take(&mut self.batch);
+        self.attempt_batch(&mut batch, ttl_ms);
+        batch.clear();
+        self.batch = batch;
+    }
+
+    /// One attempt for every acquire of `batch` (all of `ttl_ms`), in one round.
+    fn attempt_batch(&mut self, batch: &mut Vec<Acquire>, ttl_ms: u64) {
+        let whole = Duration::from_millis(ttl_ms);
+        let safe = safe_span(whole, self.rl.settings.drift_factor);
+        self.keys.clear();
+        self.spans.clear();
+        self.tokens.clear();
+        for a in batch.iter_mut() {
+            a.made += 1;
+            let r = a.call.lock();
+            self.spans.push((self.keys.len(), r.key.len()));
+            self.keys.extend_from_slice(&r.key);
+        }
+        for _ in 0..batch.len() {
+            match self.rl.next_token() {
+                Ok(t) => self.tokens.push(t),
+                Err(e) => {
+                    for a in batch.drain(..) {
+                        self.answer_acquire(a.call, Err(e.clone()));
+                    }
+                    return;
+                }
+            }
+        }
+        let keys = &self.keys;
+        let mut items = reborrow(std::mem::take(&mut self.items));
+        items.extend(
+            self.spans
+                .iter()
+                .zip(&self.tokens)
+                .map(|(&(at, len), &token)| Item {
+                    key: &keys[at..at + len],
+                    token,
+                }),
+        );
+        let req = Request {
+            fencing: self.rl.fencing(),
+            ..Request::new(Phase::Acquire, ttl_ms, &items, 0)
+        };
+        let rl = &mut self.rl;
+        let start = rl.driver.run(&mut rl.round, &req);
+        let written = rl.driver.written();
+        rl.lost.clear();
+        self.settled.clear();
+        for (slot, (item, a)) in items.iter().zip(batch.iter()).enumerate() {
+            let result = match rl.won_until(slot, safe, start) {
+                Some(end) => Ok(Lock::new(item.key, item.token, whole, start, end, written)),
+                None => {
+                    rl.lost.push(slot);
+                    Err(rl.acquire_error(item.key, slot, start, a.made))
+                }
+            };
+            self.settled.push(result);
+        }
+        rl.driver.release_lost(&items, &rl.lost);
+        if rl.settings.fencing {
+            rl.fence_batch(&items, &mut self.settled, start);
+        }
+        self.items = reborrow(items);
+        let now = Instant::now();
+        let mut settled = std::mem::take(&mut self.settled);
+        for (a, result) in batch.drain(..).zip(settled.drain(..)) {
+            self.settle(a, result, now);
+        }
+        self.settled = settled;
+    }
+
+    /// A `lock_all` attempt: rare and large, it runs alone (see `Redlock::lock_all`).
+    fn attempt_all(&mut self, mut a: Acquire) {
+        a.made += 1;
+        let (keys, ttl) = {
+            let r = a.call.lock();
+            (r.keys.clone(), r.ttl)
+        };
+        let result = self.rl.attempt_all(&keys, ttl, a.made);
+        let now = Instant::now();
+        self.settle(a, result, now);
+    }
+
+    /// What follows an attempt: the answer, or the next attempt's time.
+    fn settle(&mut self, mut a: Acquire, result: Result<Lock, Error>, now: Instant) {
+        let e = match result {
+            Ok(lock) if a.lease => return self.start_lease(a.call, lock, a.ttl),
+            Ok(lock) => return self.answer_acquire(a.call, Ok(lock)),
+            Err(e) => e,
+        };
+        let retryable = matches!(
+            e,
+            Error::Taken(_) | Error::Unavailable(_) | Error::Expired(_)
+        );
+        if !retryable || a.made >= a.attempts {
+            return self.answer_acquire(a.call, Err(e));
+        }
+        let settings = &self.rl.settings;
+        let next = now
+            + self
+                .rl
+                .tokens
+                .jitter(settings.retry_delay, settings.retry_jitter);
+        match a.until {
+            // The last attempt has been made: the call fails at its deadline, not before.
+            Some(until) if next >= until => {
+                if now >= until {
+                    return self.answer_acquire(a.call, Err(e));
+                }
+                a.due = until;
+                a.last = Some(e);
+            }
+            _ => a.due = next,
+        }
+        self.waiting.push(a);
+    }
+
+    /// Answers an acquire (not a lease's: see `start_lease`); a lock whose caller is
+    /// gone is released.
+    fn answer_acquire(&mut self, call: Arc<Call>, result: Result<Lock, Error>) {
+        if let Some(Ok(Done::Locked(lock))) = call.answer(result.map(Done::Locked)) {
+            self.orphans.push(lock);
+        }
+    }
+
+    // ---- leases ----
+
+    fn start_lease(&mut self, call: Arc<Call>, lock: Lock, ttl: Duration) {
+        let shared = LeaseShared::new(lock.resource(), lock.token_value(), lock.deadline());
+        let hold_until = self
+            .rl
+            .settings
+            .max_hold
+            .and_then(|h| lock.started().checked_add(h));
+        let entry = LeaseEntry {
+            shared: Arc::clone(&shared),
+            next: lock.started() + ttl / 3,
+            lock,
+            ttl,
+            hold_until,
+            lost: false,
+        };
+        if let Some(Ok(Done::Leased(_))) = call.answer(Ok(Done::Leased(shared))) {
+            // Its caller is gone: released at once.
+            self.orphans.push(entry.lock);
+            return;
+        }
+        self.leases.push(entry);
+    }
+
+    /// Extends every lease that is due, one round each.
+    fn extend_leases(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.leases.len() {
+            let e = &mut self.leases[i];
+            if e.lost || now < e.next {
+                continue;
+            }
+            let ttl = e.ttl;
+            let result = self.rl.extend(&mut e.lock, ttl);
+            let e = &mut self.leases[i];
+            e.shared.set_deadline(e.lock.deadline());
+            match result {
+                Ok(()) => e.next = e.lock.started() + ttl / 3,
+                // A majority says the key is gone or someone else's (or it was too late):
+                // lost for good. What remains of it on a minority is deleted.
+                Err(Error::Expired(_)) => {
+                    e.lost = true;
+                    e.shared.mark_lost();
+                    let lock = e.lock.duplicate();
+                    self.orphans.push(lock);
+                }
+                // Nodes did not answer: tried again while validity remains; the deadline
+                // timer declares it lost otherwise.
+                Err(_) => {
+                    let settings = &self.rl.settings;
+                    let pause = (ttl / 10).clamp(
+                        settings.node_timeout,
+                        settings.retry_delay.max(settings.node_timeout),
+                    );
+                    e.next = Instant::now() + pause;
+                }
+            }
+        }
+    }
+
+    // ---- extends and releases asked for by callers ----
+
+    fn run_extends(&mut self) {
+        let mut extends = std::mem::take(&mut self.extends);
+        for call in extends.drain(..) {
+            let (lock, ttl) = {
+                let mut r = call.lock();
+                (r.lock.take(), r.ttl)
+            };
+            let Some(mut lock) = lock else {
+                call.answer(Err(super::mismatched()));
+                continue;
+            };
+            let error = self.rl.extend(&mut lock, ttl).err();
+            call.answer(Ok(Done::Extended(lock, error)));
+        }
+        self.extends = extends;
+    }
+
+    /// Every release asked for, and every orphan: plain locks in one round, locks over
+    /// several resources or with a fence each by its own script.
+    fn run_releases(&mut self) {
+        let mut calls = std::mem::take(&mut self.unlocks);
+        let mut owners = std::mem::take(&mut self.owners);
+        let mut locks = std::mem::take(&mut self.locks);
+        for call in calls.drain(..) {
+            let (lock, lease) = {
+                let mut r = call.lock();
+                (r.lock.take(), r.lease.take())
+            };
+            let lock = match (lock, lease) {
+                (Some(lock), _) => Some(lock),
+                (None, Some(lease)) => self.take_lease(&lease),
+                (None, None) => None,
+            };
+            match lock {
+                Some(lock) => {
+                    locks.push(lock);
+                    owners.push(Some(call));
+                }
+                // A lease released twice: nothing left to delete.
+                None => {
+                    call.answer(Ok(Done::Released(0)));
+                }
+            }
+        }
+        for lock in self.orphans.drain(..) {
+            locks.push(lock);
+            owners.push(None);
+        }
+        let plain = locks.iter().all(|l| !l.is_multi() && l.fence().is_none());
+        if plain && locks.len() > 1 {
+            let results = self.rl.unlock_many(&locks);
+            for (owner, result) in owners.drain(..).zip(results) {
+                if let Some(call) = owner {
+                    call.answer(result.map(Done::Released));
+                }
+            }
+        } else {
+            for (owner, lock) in owners.drain(..).zip(&locks) {
+                let result = self.rl.unlock(lock);
+                if let Some(call) = owner {
+                    call.answer(result.map(Done::Released));
+                }
+            }
+        }
+        locks.clear();
+        self.unlocks = calls;
+        self.owners = owners;
+        self.locks = locks;
+    }
+
+    /// The lock of a lease being released; the lease stops being kept.
+    fn take_lease(&mut self, lease: &Arc<LeaseShared>) -> Option<Lock> {
+        let i = self
+            .leases
+            .iter()
+            .position(|e| Arc::ptr_eq(&e.shared, lease))?;
+        let entry = self.leases.swap_remove(i);
+        entry.shared.mark_lost();
+        Some(entry.lock)
+    }
+}
+
+fn is_lock_all(call: &Call) -> bool {
+    call.lock().op == Op::LockAll
+}
+
+/// Marks the loop ended when it stops, normally or by a panic, and answers what is left
+/// in the queue.
+struct EndGuard(Arc<Inner>);
+
+impl Drop for EndGuard {
+    fn drop(&mut self) {
+        let calls = {
+            let mut q = self.0.queue();
+            q.ended = true;
+            q.dropped.clear();
+            std::mem::take(&mut q.calls)
+        };
+        for call in calls {
+            call.answer(Err(loop_gone()));
+        }
+    }
+}
+
+/// An emptied vector of items, for items of another lifetime: the same allocation, kept
+/// from round to round (collecting a vector's own `into_iter` through a `map` reuses its
+/// buffer when the element layout is the same, as here, where only a lifetime differs).
+fn reborrow<'a, 'b>(mut items: Vec<Item<'a>>) -> Vec<Item<'b>> {
+    items.clear();
+    items.into_iter().map(|_| unreachable!()).collect()
+}

@@ -1,0 +1,253 @@
+//! Leases: locks the shared client's loop keeps alive.
+//!
+//! # Invariants
+//!
+//! - A lease is lost at the latest at its local deadline (`start + ttl − drift` of the
+//!   last successful extend): [`Lease::is_lost`] and [`Lease::wait_lost`] read the clock
+//!   against it themselves, so they never depend on hearing from the loop or a node; the
+//!   loop also marks it lost then, to wake [`Lease::lost`] futures.
+//! - Once lost, a lease stays lost: the loop never extends it again and never re-takes
+//!   its key.
+//! - The deadline only moves when an extend succeeded (later) or failed in a way that
+//!   may have shortened the key's life on some node (earlier), as [`Redlock::extend`]
+//!   says.
+//!
+//! [`Redlock::extend`]: crate::Redlock::extend
+
+use crate::core::token::Token;
+use crate::error::Error;
+use crate::shared::SharedRedlock;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// What a lease's holder and the loop share.
+#[derive(Debug)]
+pub(crate) struct LeaseShared {
+    resource: Box<[u8]>,
+    token: Token,
+    state: Mutex<LeaseState>,
+    changed: Condvar,
+}
+
+#[derive(Debug)]
+pub(crate) struct LeaseState {
+    /// The local validity deadline of the current term.
+    pub deadline: Instant,
+    /// Lost for good (a majority said the key is gone or someone else's, the deadline
+    /// passed, or the maximum hold was reached).
+    pub lost: bool,
+    /// Tasks waiting in [`Lease::lost`].
+    wakers: Vec<Waker>,
+}
+
+impl LeaseShared {
+    pub fn new(resource: &[u8], token: Token, deadline: Instant) -> Arc<LeaseShared> {
+        Arc::new(LeaseShared {
+            resource: resource.into(),
+            token,
+            state: Mutex::new(LeaseState {
+                deadline,
+                lost: false,
+                wakers: Vec::new(),
+            }),
+            changed: Condvar::new(),
+        })
+    }
+
+    pub fn state(&self) -> MutexGuard<'_, LeaseState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new term: the deadline of the last successful extend (or a shortened one).
+    pub fn set_deadline(&self, deadline: Instant) {
+        self.state().deadline = deadline;
+    }
+
+    /// Marks the lease lost and wakes every waiter. Idempotent.
+    pub fn mark_lost(&self) {
+        let wakers = {
+            let mut s = self.state();
+            if s.lost {
+                return;
+            }
+            s.lost = true;
+            std::mem::take(&mut s.wakers)
+        };
+        self.changed.notify_all();
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    pub fn resource(&self) -> &[u8] {
+        &self.resource
+    }
+}
+
+impl LeaseState {
+    fn is_lost(&self, now: Instant) -> bool {
+        self.lost || now >= self.deadline
+    }
+}
+
+/// A lock that the shared client's loop keeps alive until it is released or dropped:
+/// it extends it by its own ttl every ttl/3, retries a failed extend while validity
+/// remains, and reports it lost when it can no longer vouch for it. Made by
+/// [`SharedRedlock::lease`].
+///
+/// A lease is lost, for good, when a majority of nodes says its key is gone or someone
+/// else's, when its local validity deadline passes without a successful extend (nodes
+/// silent, frozen, unreachable), or at [`Builder::max_hold`](crate::Builder::max_hold).
+/// The lost signal fires at the latest at that deadline, `start + ttl − drift` of the last
+/// successful extend, whatever the nodes do: work done under a lease must stop when it
+/// fires.
+///
+/// Dropping a lease releases it in the background; [`Lease::release`] does it and says
+/// on how many nodes. A live lease keeps the shared client's loop running.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # async fn job(_: &quorumlock::Lease) {}
+/// # async fn run() -> Result<(), quorumlock::Error> {
+/// let shared = quorumlock::Redlock::builder()
+///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+///     .build_shared()?;
+/// let lease = shared.lease("nightly-report", Duration::from_secs(10)).await?;
+/// // Runs for as long as it needs; the lease is extended every ~3.3 s meanwhile. The
+/// // work must stop if the lease is lost.
+/// job(&lease).await;
+/// let released_on = lease.release().await?;
+/// # let _ = released_on;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Lease {
+    shared: Arc<LeaseShared>,
+    client: SharedRedlock,
+    released: bool,
+}
+
+impl Lease {
+    pub(crate) fn new(shared: Arc<LeaseShared>, client: SharedRedlock) -> Lease {
+        Lease {
+            shared,
+            client,
+            released: false,
+        }
+    }
+
+    /// The resource held.
+    pub fn resource(&self) -> &[u8] {
+        self.shared.resource()
+    }
+
+    /// The random value stored on the nodes (a credential: do not log it).
+    pub fn token(&self) -> &[u8] {
+        self.shared.token.as_bytes()
+    }
+
+    /// The validity left in the current term: the time until the local deadline of the
+    /// last successful extend (zero once lost).
+    pub fn remaining(&self) -> Duration {
+        let s = self.shared.state();
+        if s.lost {
+            return Duration::ZERO;
+        }
+        s.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the lease is lost (see [`Lease`]): true from its deadline on at the latest.
+    pub fn is_lost(&self) -> bool {
+        self.shared.state().is_lost(Instant::now())
+    }
+
+    /// Completes when the lease is lost, at the latest at its local deadline.
+    ///
+    /// ```no_run
+    /// # async fn f(lease: quorumlock::Lease) {
+    /// lease.lost().await;
+    /// assert!(lease.is_lost());
+    /// # }
+    /// ```
+    pub fn lost(&self) -> Lost<'_> {
+        Lost { lease: self }
+    }
+
+    /// Blocks until the lease is lost or `timeout` has passed; true if it was lost.
+    pub fn wait_lost(&self, timeout: Duration) -> bool {
+        let until = Instant::now().checked_add(timeout);
+        let mut s = self.shared.state();
+        loop {
+            let now = Instant::now();
+            if s.is_lost(now) {
+                return true;
+            }
+            let mut wake_at = s.deadline;
+            if let Some(u) = until {
+                if now >= u {
+                    return false;
+                }
+                wake_at = wake_at.min(u);
+            }
+            let (next, _) = self
+                .shared
+                .changed
+                .wait_timeout(s, wake_at.saturating_duration_since(now))
+                .unwrap_or_else(|e| e.into_inner());
+            s = next;
+        }
+    }
+
+    /// Releases the lease: stops extending it and deletes its key with
+    /// compare-and-delete; returns on how many nodes it was deleted (see
+    /// [`Redlock::unlock`](crate::Redlock::unlock), whose count this is). A lease already
+    /// lost is released all the same (its key may remain on a minority).
+    pub async fn release(mut self) -> Result<usize, Error> {
+        self.released = true;
+        let client = self.client.clone();
+        client.release_lease(Arc::clone(&self.shared)).await
+    }
+
+    /// [`Lease::release`], blocking the calling thread.
+    pub fn blocking_release(mut self) -> Result<usize, Error> {
+        self.released = true;
+        self.client.blocking_release_lease(Arc::clone(&self.shared))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if !self.released {
+            self.client.release_in_background(Arc::clone(&self.shared));
+        }
+    }
+}
+
+/// The future of [`Lease::lost`].
+#[derive(Debug)]
+#[must_use = "futures do nothing unless awaited"]
+pub struct Lost<'a> {
+    lease: &'a Lease,
+}
+
+impl Future for Lost<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut s = self.lease.shared.state();
+        if s.is_lost(Instant::now()) {
+            return Poll::Ready(());
+        }
+        // The loop marks the lease lost at its deadline at the latest, and wakes these.
+        if !s.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            s.wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}

@@ -1,0 +1,608 @@
+//! The shared client: one event loop thread for every thread and task of a process.
+//!
+//! [`SharedRedlock`] is a handle (cheap to clone) to a loop thread that owns one
+//! connection per node and runs the same protocol core as the direct [`Redlock`] — it is
+//! in fact a direct client's driver, run by the loop instead of by a caller. Callers queue
+//! requests ([`call::Call`]) and wake the loop (a `mio::Waker` on its `Poll`); the loop
+//! takes every request queued at once and writes them to each node in one round (K
+//! commands, one write, one read pass; each with its own quorum and validity), so
+//! requests that arrive while a round is in flight go out together in the next.
+//!
+//! # Invariants
+//!
+//! - The loop runs while any [`SharedRedlock`] clone or any [`Lease`] is alive. When the
+//!   last is dropped it finishes the releases still queued (dropped leases, abandoned
+//!   acquisitions), then closes every connection and ends.
+//! - Every request queued is answered exactly once; if the loop thread dies (which no
+//!   code path should allow), queued and later requests are answered with an error
+//!   instead of waiting forever.
+//! - A request is queued on a future's first poll. A future dropped after that is the
+//!   cancellation case: anything it acquired, or may have, is released in the
+//!   background.
+//!
+//! [`Redlock`]: crate::Redlock
+
+pub(crate) mod call;
+mod event_loop;
+pub(crate) mod lease;
+
+use crate::config::Settings;
+use crate::error::{Error, OsError};
+use crate::lock::Lock;
+use call::{Call, Done, Op};
+use lease::LeaseShared;
+use std::cell::RefCell;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+pub use lease::{Lease, Lost};
+
+/// A Redlock client shared by every thread and task of a process: one event loop thread,
+/// one connection per node, whatever the number of callers.
+///
+/// Clones share the loop. Every operation of [`Redlock`](crate::Redlock) is here as an
+/// `async fn` (runtime-agnostic: the futures only use `std::task::Waker`, and are `Send`)
+/// and as a blocking twin (`blocking_lock`, …). Concurrent requests are coalesced: those
+/// that arrive while a round is in flight go to each node in one write, each with its own
+/// quorum and validity. Leases ([`SharedRedlock::lease`]) are locks the loop keeps alive.
+///
+/// Failure behaviour is the direct client's: bounded calls with a frozen minority,
+/// [`Error::Unavailable`] within bounds with a frozen majority, typed per-node errors.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use quorumlock::{Redlock, SharedRedlock};
+///
+/// let shared: SharedRedlock = Redlock::builder()
+///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+///     .build_shared()?;
+/// let workers: Vec<_> = (0..8)
+///     .map(|i| {
+///         let shared = shared.clone();
+///         std::thread::spawn(move || -> Result<(), quorumlock::Error> {
+///             let lock = shared.blocking_lock(format!("job:{i}"), Duration::from_secs(5))?;
+///             // ... work ...
+///             shared.blocking_unlock(&lock)?;
+///             Ok(())
+///         })
+///     })
+///     .collect();
+/// for w in workers {
+///     w.join().unwrap()?;
+/// }
+/// # Ok::<(), quorumlock::Error>(())
+/// ```
+pub struct SharedRedlock {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SharedRedlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedRedlock")
+            .field("settings", &self.inner.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the handles and the loop share.
+pub(crate) struct Inner {
+    settings: Settings,
+    queue: Mutex<Queue>,
+    waker: mio::Waker,
+    /// Live handles: `SharedRedlock` clones and leases. The loop ends when it drops to 0.
+    users: AtomicUsize,
+}
+
+/// The requests not yet taken by the loop.
+pub(crate) struct Queue {
+    calls: Vec<Arc<Call>>,
+    /// Leases dropped without release: the loop releases them.
+    dropped: Vec<Arc<LeaseShared>>,
+    /// The loop is waiting (or about to): a request must wake it.
+    sleeping: bool,
+    /// No handle is left: the loop finishes what is queued and ends.
+    stopping: bool,
+    /// The loop has ended; nothing queued now would be answered.
+    ended: bool,
+}
+
+impl Inner {
+    pub(crate) fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `call` and wakes the loop if it sleeps; false if the loop has ended.
+    fn submit(&self, call: &Arc<Call>) -> bool {
+        let wake = {
+            let mut q = self.queue();
+            if q.ended {
+                return false;
+            }
+            q.calls.push(Arc::clone(call));
+            std::mem::take(&mut q.sleeping)
+        };
+        if wake {
+            // A failed wake (the eventfd is gone) means the loop has ended: the guard
+            // that ends it answers what is queued.
+            let _ = self.waker.wake();
+        }
+        true
+    }
+
+    fn drop_user(&self) {
+        if self.users.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.queue().stopping = true;
+            let _ = self.waker.wake();
+        }
+    }
+}
+
+impl Clone for SharedRedlock {
+    fn clone(&self) -> Self {
+        self.inner.users.fetch_add(1, Ordering::Relaxed);
+        SharedRedlock {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl Drop for SharedRedlock {
+    fn drop(&mut self) {
+        self.inner.drop_user();
+    }
+}
+
+/// The error of a request the loop can no longer answer.
+fn loop_gone() -> Error {
+    Error::Os(OsError::new(
+        "running the shared client's loop thread (it has ended)",
+        io::Error::from(io::ErrorKind::BrokenPipe),
+    ))
+}
+
+/// The answer a request of this kind cannot get (a bug, never a network input).
+fn mismatched() -> Error {
+    Error::Os(OsError::new(
+        "reading the shared client's answer (it did not match the request)",
+        io::Error::from(io::ErrorKind::InvalidData),
+    ))
+}
+
+thread_local! {
+    /// The call a thread's blocking requests reuse: no allocation per request.
+    static BLOCKING: RefCell<Option<Arc<Call>>> = const { RefCell::new(None) };
+}
+
+impl SharedRedlock {
+    pub(crate) fn from_settings(settings: Settings) -> Result<SharedRedlock, Error> {
+        let inner = event_loop::start(settings)?;
+        Ok(SharedRedlock { inner })
+    }
+
+    /// The validated settings.
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// Runs one request on the calling thread's reusable call, blocking until answered.
+    fn blocking(&self, fill: impl FnOnce(&mut call::Request)) -> Result<Done, Error> {
+        let call = BLOCKING.with(|slot| {
+            let mut slot = slot.borrow_mut();
+            // A call still referenced elsewhere (the loop finishing with it, or a
+            // request abandoned from this thread) is not reused: a new one is cheap.
+            match slot.as_ref() {
+                Some(c) if Arc::strong_count(c) == 1 => Arc::clone(c),
+                _ => {
+                    let c = Call::new();
+                    *slot = Some(Arc::clone(&c));
+                    c
+                }
+            }
+        });
+        {
+            let mut r = call.lock();
+            r.answer = None;
+            r.abandoned = false;
+            r.waker = None;
+            r.lock = None;
+            r.lease = None;
+            r.busy = true;
+            fill(&mut r);
+        }
+        if !self.inner.submit(&call) {
+            return Err(loop_gone());
+        }
+        call.wait()
+    }
+
+    /// Queues one request on a new call and waits for it as a future.
+    async fn run(&self, fill: impl FnOnce(&mut call::Request)) -> Result<Done, Error> {
+        let call = Call::new();
+        {
+            let mut r = call.lock();
+            r.busy = true;
+            fill(&mut r);
+        }
+        if !self.inner.submit(&call) {
+            return Err(loop_gone());
+        }
+        Answer {
+            call,
+            inner: Arc::clone(&self.inner),
+            done: false,
+        }
+        .await
+    }
+
+    /// Acquires `resource` for `ttl`, retrying as [`Redlock::lock`] does (up to
+    /// `retry_count` retries, `retry_delay ± retry_jitter` apart); same errors.
+    ///
+    /// [`Redlock::lock`]: crate::Redlock::lock
+    pub async fn lock(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
+        let attempts = self.settings().retry_count.saturating_add(1);
+        let resource = resource.as_ref();
+        locked(
+            self.run(|r| fill_lock(r, resource, ttl, attempts, None))
+                .await,
+        )
+    }
+
+    /// [`SharedRedlock::lock`], blocking the calling thread.
+    pub fn blocking_lock(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
+        let attempts = self.settings().retry_count.saturating_add(1);
+        let resource = resource.as_ref();
+        locked(self.blocking(|r| fill_lock(r, resource, ttl, attempts, None)))
+    }
+
+    /// One attempt to acquire `resource` for `ttl`, as [`Redlock::try_lock`].
+    ///
+    /// [`Redlock::try_lock`]: crate::Redlock::try_lock
+    pub async fn try_lock(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
+        let resource = resource.as_ref();
+        locked(self.run(|r| fill_lock(r, resource, ttl, 1, None)).await)
+    }
+
+    /// [`SharedRedlock::try_lock`], blocking the calling thread.
+    pub fn blocking_try_lock(
+        &self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        let resource = resource.as_ref();
+        locked(self.blocking(|r| fill_lock(r, resource, ttl, 1, None)))
+    }
+
+    /// Acquires `resource` for `ttl`, trying until `wait` has passed: at once, then again
+    /// whenever the holder releases it (the release notice wakes the attempt) and
+    /// otherwise every `retry_delay ± retry_jitter`. No attempt starts after `wait`; a
+    /// call that fails returns no earlier than `wait` from its start, and at most one
+    /// attempt's bound (`node_timeout`) after it. The error is the last attempt's.
+    pub async fn lock_within(
+        &self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lock, Error> {
+        let until = Instant::now().checked_add(wait);
+        let resource = resource.as_ref();
+        locked(
+            self.run(|r| fill_lock(r, resource, ttl, u32::MAX, until))
+                .await,
+        )
+    }
+
+    /// [`SharedRedlock::lock_within`], blocking the calling thread.
+    pub fn blocking_lock_within(
+        &self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lock, Error> {
+        let until = Instant::now().checked_add(wait);
+        let resource = resource.as_ref();
+        locked(self.blocking(|r| fill_lock(r, resource, ttl, u32::MAX, until)))
+    }
+
+    /// Acquires every resource in `resources` or none, as [`Redlock::lock_all`].
+    ///
+    /// [`Redlock::lock_all`]: crate::Redlock::lock_all
+    pub async fn lock_all<R: AsRef<[u8]>>(
+        &self,
+        resources: &[R],
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        let keys: Vec<Box<[u8]>> = resources.iter().map(|r| r.as_ref().into()).collect();
+        locked(self.run(|r| fill_all(r, keys, ttl)).await)
+    }
+
+    /// [`SharedRedlock::lock_all`], blocking the calling thread.
+    pub fn blocking_lock_all<R: AsRef<[u8]>>(
+        &self,
+        resources: &[R],
+        ttl: Duration,
+    ) -> Result<Lock, Error> {
+        let keys: Vec<Box<[u8]>> = resources.iter().map(|r| r.as_ref().into()).collect();
+        locked(self.blocking(|r| fill_all(r, keys, ttl)))
+    }
+
+    /// Extends `lock` to `ttl` from now, as [`Redlock::extend`] (same rules for its
+    /// deadline on failure).
+    ///
+    /// [`Redlock::extend`]: crate::Redlock::extend
+    pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        let copy = lock.duplicate();
+        let done = self.run(|r| fill_extend(r, copy, ttl)).await;
+        extended(done, lock)
+    }
+
+    /// [`SharedRedlock::extend`], blocking the calling thread.
+    pub fn blocking_extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        let copy = lock.duplicate();
+        let done = self.blocking(|r| fill_extend(r, copy, ttl));
+        extended(done, lock)
+    }
+
+    /// Releases `lock`, as [`Redlock::unlock`]: returns at a majority with the count of
+    /// deletions confirmed by then (the other deletes are in flight, never waited for).
+    ///
+    /// [`Redlock::unlock`]: crate::Redlock::unlock
+    pub async fn unlock(&self, lock: &Lock) -> Result<usize, Error> {
+        let copy = lock.duplicate();
+        released(self.run(|r| fill_unlock(r, copy)).await)
+    }
+
+    /// [`SharedRedlock::unlock`], blocking the calling thread.
+    pub fn blocking_unlock(&self, lock: &Lock) -> Result<usize, Error> {
+        let copy = lock.duplicate();
+        released(self.blocking(|r| fill_unlock(r, copy)))
+    }
+
+    /// Acquires `resource` for `ttl` with retries (as [`SharedRedlock::lock`]), then keeps
+    /// it alive (see [`Lease`]) until the lease is released, dropped or lost.
+    pub async fn lease(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lease, Error> {
+        let attempts = self.settings().retry_count.saturating_add(1);
+        let resource = resource.as_ref();
+        let done = self
+            .run(|r| {
+                fill_lock(r, resource, ttl, attempts, None);
+                r.op = Op::Lease;
+            })
+            .await;
+        self.leased(done)
+    }
+
+    /// [`SharedRedlock::lease`], blocking the calling thread.
+    pub fn blocking_lease(
+        &self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+    ) -> Result<Lease, Error> {
+        let attempts = self.settings().retry_count.saturating_add(1);
+        let resource = resource.as_ref();
+        let done = self.blocking(|r| {
+            fill_lock(r, resource, ttl, attempts, None);
+            r.op = Op::Lease;
+        });
+        self.leased(done)
+    }
+
+    /// Runs `f` under a lease of `resource` (acquired with retries, kept alive meanwhile)
+    /// and releases it when `f` returns or panics. `f` is given the lease, to check
+    /// [`Lease::is_lost`] between steps of long work.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let shared = quorumlock::Redlock::builder().nodes(["redis://127.0.0.1:7001"]).build_shared()?;
+    /// let rows = shared.blocking_with_lease("import", Duration::from_secs(10), |lease| {
+    ///     // ... long work, stopping early if lease.is_lost() ...
+    ///     42
+    /// })?;
+    /// # let _ = rows;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    pub fn blocking_with_lease<T>(
+        &self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        f: impl FnOnce(&Lease) -> T,
+    ) -> Result<T, Error> {
+        let lease = self.blocking_lease(resource, ttl)?;
+        // On a panic, the lease is dropped while unwinding: released in the background.
+        let out = f(&lease);
+        let _ = lease.blocking_release();
+        Ok(out)
+    }
+
+    /// The async twin of [`SharedRedlock::blocking_with_lease`]: awaits `f(&lease)` under
+    /// a lease, then releases it (also when the future is dropped or panics: the lease
+    /// is then dropped, which releases it in the background).
+    pub async fn with_lease<T, F, Fut>(
+        &self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        F: FnOnce(&Lease) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let lease = self.lease(resource, ttl).await?;
+        let out = f(&lease).await;
+        let _ = lease.release().await;
+        Ok(out)
+    }
+
+    fn leased(&self, done: Result<Done, Error>) -> Result<Lease, Error> {
+        match done? {
+            // The lease's own handle keeps the loop running while it lives.
+            Done::Leased(shared) => Ok(Lease::new(shared, self.clone())),
+            _ => Err(mismatched()),
+        }
+    }
+
+    pub(crate) async fn release_lease(&self, lease: Arc<LeaseShared>) -> Result<usize, Error> {
+        released(self.run(|r| fill_release(r, lease)).await)
+    }
+
+    pub(crate) fn blocking_release_lease(&self, lease: Arc<LeaseShared>) -> Result<usize, Error> {
+        released(self.blocking(|r| fill_release(r, lease)))
+    }
+
+    /// A lease dropped without release: the loop releases it.
+    pub(crate) fn release_in_background(&self, lease: Arc<LeaseShared>) {
+        let wake = {
+            let mut q = self.inner.queue();
+            if q.ended {
+                return;
+            }
+            q.dropped.push(lease);
+            std::mem::take(&mut q.sleeping)
+        };
+        if wake {
+            let _ = self.inner.waker.wake();
+        }
+    }
+
+    /// Nodes needed for a majority: `N / 2 + 1`.
+    pub fn quorum(&self) -> usize {
+        crate::core::quorum::quorum(self.settings().nodes.len())
+    }
+}
+
+fn fill_lock(
+    r: &mut call::Request,
+    key: &[u8],
+    ttl: Duration,
+    attempts: u32,
+    until: Option<Instant>,
+) {
+    r.op = Op::Lock { attempts, until };
+    r.key.clear();
+    r.key.extend_from_slice(key);
+    r.ttl = ttl;
+}
+
+fn fill_all(r: &mut call::Request, keys: Vec<Box<[u8]>>, ttl: Duration) {
+    r.op = Op::LockAll;
+    r.keys = keys;
+    r.ttl = ttl;
+}
+
+fn fill_extend(r: &mut call::Request, lock: Lock, ttl: Duration) {
+    r.op = Op::Extend;
+    r.lock = Some(lock);
+    r.ttl = ttl;
+}
+
+fn fill_unlock(r: &mut call::Request, lock: Lock) {
+    r.op = Op::Unlock;
+    r.lock = Some(lock);
+}
+
+fn fill_release(r: &mut call::Request, lease: Arc<LeaseShared>) {
+    r.op = Op::Release;
+    r.lease = Some(lease);
+}
+
+fn locked(done: Result<Done, Error>) -> Result<Lock, Error> {
+    match done? {
+        Done::Locked(lock) => Ok(lock),
+        _ => Err(mismatched()),
+    }
+}
+
+fn extended(done: Result<Done, Error>, lock: &mut Lock) -> Result<(), Error> {
+    match done? {
+        // Succeeded or not, the extend may have moved the deadline (earlier, on a
+        // failure) and reached more nodes: the caller's lock follows.
+        Done::Extended(updated, error) => {
+            *lock = updated;
+            error.map_or(Ok(()), Err)
+        }
+        _ => Err(mismatched()),
+    }
+}
+
+fn released(done: Result<Done, Error>) -> Result<usize, Error> {
+    match done? {
+        Done::Released(n) => Ok(n),
+        _ => Err(mismatched()),
+    }
+}
+
+/// The future of a queued call: ready when the loop has answered. Dropped before that,
+/// it abandons the call (see [`call`]'s invariants).
+struct Answer {
+    call: Arc<Call>,
+    inner: Arc<Inner>,
+    done: bool,
+}
+
+impl Future for Answer {
+    type Output = Result<Done, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let answer = {
+            let mut r = self.call.lock();
+            match r.answer.take() {
+                Some(a) => a,
+                None => {
+                    if !r.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                        r.waker = Some(cx.waker().clone());
+                    }
+                    return Poll::Pending;
+                }
+            }
+        };
+        self.done = true;
+        Poll::Ready(answer)
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let left = {
+            let mut r = self.call.lock();
+            r.abandoned = true;
+            r.waker = None;
+            r.answer.take()
+        };
+        // Answered after the last poll: what it acquired is released here. (Not yet
+        // answered: the loop releases it when it answers.)
+        match left {
+            Some(Ok(Done::Locked(lock))) => {
+                let call = Call::new();
+                {
+                    let mut r = call.lock();
+                    r.busy = true;
+                    fill_unlock(&mut r, lock);
+                    r.abandoned = true;
+                }
+                self.inner.submit(&call);
+            }
+            Some(Ok(Done::Leased(lease))) => {
+                let wake = {
+                    let mut q = self.inner.queue();
+                    if !q.ended {
+                        q.dropped.push(lease);
+                    }
+                    std::mem::take(&mut q.sleeping)
+                };
+                if wake {
+                    let _ = self.inner.waker.wake();
+                }
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,327 @@
+//! The shared client against real `redis-server` nodes: many threads and tasks through
+//! one loop and one connection per node; leases that outlive their ttl and are lost at
+//! their deadline; cancelled futures and dropped leases leaving no key behind; the loop
+//! ending with its last handle.
+
+mod common;
+
+use common::{Cluster, wait_until};
+use quorumlock::{Error, Lease, Redlock, SharedRedlock};
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+fn shared(cluster: &Cluster) -> SharedRedlock {
+    Redlock::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(200))
+        .retry_count(200)
+        .retry_delay(Duration::from_millis(10))
+        .retry_jitter(Duration::from_millis(5))
+        .max_backoff(Duration::from_millis(50))
+        .build_shared()
+        .expect("valid configuration")
+}
+
+/// Connections on `node` besides the admin connection asking.
+fn clients(cluster: &Cluster, node: usize) -> i64 {
+    cluster.node(node).admin().connected_clients() - 1
+}
+
+fn holders(cluster: &Cluster, key: &str) -> usize {
+    (0..cluster.len())
+        .filter(|&n| cluster.node(n).admin().exists(key))
+        .count()
+}
+
+#[test]
+fn threads_share_one_connection_per_node() {
+    let cluster = Cluster::start(5);
+    let shared = shared(&cluster);
+    let done = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..16)
+        .map(|t| {
+            let shared = shared.clone();
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || {
+                for i in 0..40 {
+                    let key = format!("shared:t{t}:{i}");
+                    let lock = shared
+                        .blocking_lock(&key, Duration::from_secs(10))
+                        .expect("distinct keys are free");
+                    assert_eq!(lock.resource(), key.as_bytes());
+                    assert!(lock.is_valid());
+                    let n = shared.blocking_unlock(&lock).expect("unlock");
+                    assert!(n >= 3, "unlock confirmed on {n} nodes");
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("no thread panicked");
+    }
+    assert_eq!(done.load(Ordering::Relaxed), 16 * 40);
+    for n in 0..5 {
+        assert_eq!(
+            clients(&cluster, n),
+            1,
+            "node {n}: one connection for all threads"
+        );
+    }
+}
+
+#[test]
+fn contending_threads_never_overlap() {
+    let cluster = Cluster::start(5);
+    let shared = shared(&cluster);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let won = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let shared = shared.clone();
+            let inside = Arc::clone(&inside);
+            let won = Arc::clone(&won);
+            std::thread::spawn(move || {
+                for _ in 0..25 {
+                    let lock = shared
+                        .blocking_lock("shared:contended", Duration::from_secs(10))
+                        .expect("lock");
+                    assert_eq!(
+                        inside.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two holders at once"
+                    );
+                    std::thread::yield_now();
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    won.fetch_add(1, Ordering::Relaxed);
+                    shared.blocking_unlock(&lock).expect("unlock");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("no thread panicked");
+    }
+    assert_eq!(won.load(Ordering::Relaxed), 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_lock_extend_and_unlock() {
+    let cluster = Cluster::start(5);
+    let shared = shared(&cluster);
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let key = format!("shared:task:{i}");
+                let mut lock = shared.lock(&key, Duration::from_secs(10)).await?;
+                let before = lock.deadline();
+                shared.extend(&mut lock, Duration::from_secs(20)).await?;
+                assert!(lock.deadline() > before, "the extend moved the deadline");
+                shared.unlock(&lock).await
+            })
+        })
+        .collect();
+    for t in tasks {
+        let n = t.await.expect("task").expect("lock, extend, unlock");
+        assert!(n >= 3);
+    }
+    // One attempt on a held resource: taken.
+    let held = shared
+        .try_lock("shared:held", Duration::from_secs(10))
+        .await
+        .unwrap();
+    match shared
+        .try_lock("shared:held", Duration::from_secs(10))
+        .await
+    {
+        Err(Error::Taken(f)) => assert_eq!(f.resource, b"shared:held"),
+        other => panic!("expected Taken, got {other:?}"),
+    }
+    shared.unlock(&held).await.unwrap();
+    for n in 0..5 {
+        assert_eq!(clients(&cluster, n), 1);
+    }
+}
+
+#[test]
+fn lock_within_fails_no_earlier_than_its_wait() {
+    let cluster = Cluster::start(5);
+    let shared = shared(&cluster);
+    let held = shared
+        .blocking_lock("shared:within", Duration::from_secs(30))
+        .unwrap();
+    let wait = Duration::from_millis(300);
+    let start = Instant::now();
+    let r = shared.blocking_lock_within("shared:within", Duration::from_secs(5), wait);
+    assert!(matches!(r, Err(Error::Taken(_))), "{r:?}");
+    assert!(
+        start.elapsed() >= wait,
+        "failed after {:?}",
+        start.elapsed()
+    );
+    // Released meanwhile: the waiter gets it.
+    let other = shared.clone();
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        other.blocking_unlock(&held).unwrap();
+    });
+    let lock = shared
+        .blocking_lock_within(
+            "shared:within",
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+        )
+        .expect("acquired once released");
+    releaser.join().unwrap();
+    shared.blocking_unlock(&lock).unwrap();
+}
+
+#[test]
+fn a_lease_outlives_its_ttl_and_is_released() {
+    let cluster = Cluster::start(5);
+    let shared = shared(&cluster);
+    let ttl = Duration::from_millis(400);
+    let lease = shared.blocking_lease("shared:lease", ttl).expect("lease");
+    assert_eq!(lease.resource(), b"shared:lease");
+    // Five ttls: extended all along.
+    let until = Instant::now() + 5 * ttl;
+    while Instant::now() < until {
+        assert!(!lease.is_lost(), "lost with every node up");
+        assert!(holders(&cluster, "shared:lease") >= 3);
+        std::thread::sleep(ttl / 4);
+    }
+    assert!(!lease.wait_lost(Duration::from_millis(10)));
+    // Someone else cannot take it meanwhile.
+    assert!(matches!(
+        shared.blocking_try_lock("shared:lease", ttl),
+        Err(Error::Taken(_))
+    ));
+    let n = lease.blocking_release().expect("release");
+    assert!(n >= 3);
+    assert!(wait_until(Duration::from_secs(10), || holders(
+        &cluster,
+        "shared:lease"
+    ) == 0));
+}
+
+#[test]
+fn a_lease_is_lost_by_its_deadline_when_a_majority_freezes() {
+    let cluster = Cluster::start(5);
+    let shared = shared(&cluster);
+    let ttl = Duration::from_millis(600);
+    let lease = shared.blocking_lease("shared:frozen", ttl).expect("lease");
+    for n in 0..3 {
+        cluster.node(n).freeze();
+    }
+    // The lost signal comes from the client's own clock: whatever the nodes do, the
+    // lease is lost by then (one term at most, from now).
+    let lost = lease.wait_lost(ttl * 20);
+    for n in 0..3 {
+        cluster.node(n).thaw();
+    }
+    assert!(lost, "lost by its deadline");
+    assert!(lease.is_lost());
+    assert_eq!(lease.remaining(), Duration::ZERO);
+    // Once lost, lost for good: it is never re-extended.
+    std::thread::sleep(ttl);
+    assert!(lease.is_lost());
+    drop(lease);
+}
+
+#[test]
+fn a_dropped_lease_leaves_no_key_behind() {
+    let cluster = Cluster::start(5);
+    let shared = shared(&cluster);
+    let lease = shared
+        .blocking_lease("shared:dropped", Duration::from_secs(60))
+        .unwrap();
+    assert!(holders(&cluster, "shared:dropped") >= 3);
+    drop(lease);
+    assert!(
+        wait_until(Duration::from_secs(10), || holders(
+            &cluster,
+            "shared:dropped"
+        ) == 0),
+        "the dropped lease was released well before its 60 s ttl"
+    );
+}
+
+/// Polls `fut` once with a waker that does nothing.
+fn poll_once<F: Future>(fut: F) -> Option<F::Output> {
+    let mut fut = pin!(fut);
+    let mut cx = Context::from_waker(Waker::noop());
+    match fut.as_mut().poll(&mut cx) {
+        Poll::Ready(v) => Some(v),
+        Poll::Pending => None,
+    }
+}
+
+#[test]
+fn cancelled_acquisitions_leave_no_key_behind() {
+    let cluster = Cluster::start(5);
+    let shared = shared(&cluster);
+    for i in 0..50 {
+        let key = format!("shared:cancel:{i}");
+        // Queued on the first poll, then dropped, at a different point of the round each
+        // time.
+        let r = poll_once(shared.lock(&key, Duration::from_secs(60)));
+        assert!(r.is_none(), "a lock is never ready on its first poll");
+        if i % 2 == 0 {
+            std::thread::sleep(Duration::from_micros(50 * i));
+        }
+        let r = poll_once(shared.lease(&key, Duration::from_secs(60)));
+        assert!(r.is_none());
+    }
+    for i in 0..50 {
+        let key = format!("shared:cancel:{i}");
+        assert!(
+            wait_until(Duration::from_secs(10), || holders(&cluster, &key) == 0),
+            "{key} left behind"
+        );
+    }
+}
+
+#[test]
+fn the_loop_ends_with_its_last_handle_and_closes_its_connections() {
+    let cluster = Cluster::start(3);
+    let shared = shared(&cluster);
+    let lease: Lease = shared
+        .blocking_lease("shared:last", Duration::from_millis(500))
+        .unwrap();
+    let clone = shared.clone();
+    drop(shared);
+    drop(clone);
+    // The lease alone keeps the loop (and its lease) alive.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(!lease.is_lost());
+    assert!(holders(&cluster, "shared:last") >= 2);
+    for n in 0..3 {
+        assert_eq!(clients(&cluster, n), 1);
+    }
+    drop(lease);
+    assert!(wait_until(Duration::from_secs(10), || {
+        holders(&cluster, "shared:last") == 0 && (0..3).all(|n| clients(&cluster, n) == 0)
+    }));
+}
+
+#[test]
+fn the_futures_and_the_lease_are_send() {
+    fn send<T: Send>(_: &T) {}
+    fn sync<T: Send + Sync>() {}
+    sync::<SharedRedlock>();
+    sync::<Lease>();
+    let shared = Redlock::builder()
+        .nodes(["redis://127.0.0.1:1"])
+        .build_shared()
+        .unwrap();
+    send(&shared.lock("a", Duration::from_secs(1)));
+    send(&shared.try_lock(String::from("a"), Duration::from_secs(1)));
+    send(&shared.lock_within(b"a".to_vec(), Duration::from_secs(1), Duration::ZERO));
+    send(&shared.lease("a", Duration::from_secs(1)));
+    send(&shared.lock_all(&["a", "b"], Duration::from_secs(1)));
+}
