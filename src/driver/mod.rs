@@ -50,7 +50,14 @@ pub(crate) struct Driver {
     /// for [`WAKER`]. Collected, never acted on, here: the owner of those sources reads it
     /// with [`Driver::take_foreign`].
     foreign: u64,
+    /// A deadline that must be acted on even in the middle of a round (the shared client's
+    /// leases: their lost signal never waits for a round to end), and what to run then;
+    /// it returns the next one. `None` for the direct client: one test per wait.
+    alarm: Option<(Instant, Alarm)>,
 }
+
+/// What an alarm runs: given the time, it returns the next alarm, if any.
+pub(crate) type Alarm = std::sync::Arc<dyn Fn(Instant) -> Option<Instant> + Send + Sync>;
 
 /// The token of a `mio::Waker` registered on the driver's `Poll` ([`Driver::registry`]).
 pub(crate) const WAKER: mio::Token = mio::Token(usize::MAX);
@@ -82,6 +89,7 @@ impl Driver {
             engine: Engine::new(logins, timing, now),
             net,
             foreign: 0,
+            alarm: None,
         };
         // Start connecting now, so the first call finds connections ready.
         driver.engine.maintain(&mut driver.net, now);
@@ -132,6 +140,10 @@ impl Driver {
                     }
                 }
             };
+            let timeout = match &self.alarm {
+                Some((at, _)) => timeout.min(at.saturating_duration_since(Instant::now())),
+                None => timeout,
+            };
             let woke = if self.engine.holding() {
                 self.poll_holding(&mut events, timeout, &mut active, &mut budget)
             } else {
@@ -146,6 +158,9 @@ impl Driver {
             }
             if active.round.has_unstamped() {
                 active.round.stamp(Instant::now());
+            }
+            if self.alarm.is_some() {
+                self.ring_alarm();
             }
         }
         // Decided before any wait (every node down, say): stamp those too.
@@ -206,6 +221,24 @@ impl Driver {
                 .on_event(&mut self.net, node, readable, closed, active.as_deref_mut());
         }
         true
+    }
+
+    /// Sets (or clears) the alarm: `ring` runs, from inside rounds too, once `at` has
+    /// passed.
+    pub fn set_alarm(&mut self, alarm: Option<(Instant, Alarm)>) {
+        self.alarm = alarm;
+    }
+
+    #[cold]
+    fn ring_alarm(&mut self) {
+        if let Some((at, ring)) = self.alarm.take() {
+            let now = Instant::now();
+            if now < at {
+                self.alarm = Some((at, ring));
+            } else if let Some(next) = ring(now) {
+                self.alarm = Some((next, ring));
+            }
+        }
     }
 
     #[cold]

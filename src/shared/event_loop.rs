@@ -26,8 +26,9 @@ use super::lease::LeaseShared;
 use super::{Inner, Queue, loop_gone};
 use crate::config::Settings;
 use crate::core::engine::{Item, Request};
-use crate::core::quorum::safe_span;
-use crate::driver::WAKER;
+use crate::core::quorum::{extended_until, safe_span};
+use crate::core::round::Decision;
+use crate::driver::{Alarm, WAKER};
 use crate::error::{Error, OsError, Phase};
 use crate::lock::Lock;
 use crate::redlock::{MAX_BATCH, MAX_BATCH_BYTES, Redlock, check_resource, ttl_millis};
@@ -109,6 +110,10 @@ struct EventLoop {
     /// dropped leases, leases past their maximum hold or found lost).
     orphans: Vec<Lock>,
     leases: Vec<LeaseEntry>,
+    /// The leases kept, for the driver's alarm, which marks them lost at their deadline
+    /// even in the middle of a round.
+    watch: Arc<Mutex<Vec<Arc<LeaseShared>>>>,
+    alarm: Alarm,
     /// Scratch of an acquire round: the keys, end to end, and each one's span.
     keys: Vec<u8>,
     spans: Vec<(usize, usize)>,
@@ -117,6 +122,8 @@ struct EventLoop {
     batch: Vec<Acquire>,
     /// Scratch of an acquire round's items (kept empty between rounds).
     items: Vec<Item<'static>>,
+    /// Scratch of a lease extend round: the leases due.
+    due: Vec<usize>,
     /// Scratch of a release round.
     locks: Vec<Lock>,
     owners: Vec<Option<Arc<Call>>>,
@@ -124,7 +131,30 @@ struct EventLoop {
 
 impl EventLoop {
     fn new(rl: Redlock, inner: Arc<Inner>) -> EventLoop {
+        let watch: Arc<Mutex<Vec<Arc<LeaseShared>>>> = Arc::default();
+        let watched = Arc::clone(&watch);
+        let alarm: Alarm = Arc::new(move |now| {
+            let list = watched.lock().unwrap_or_else(|e| e.into_inner());
+            let mut next: Option<Instant> = None;
+            for lease in list.iter() {
+                let deadline = {
+                    let s = lease.state();
+                    if s.lost {
+                        continue;
+                    }
+                    s.deadline
+                };
+                if now >= deadline {
+                    lease.mark_lost();
+                } else {
+                    next = Some(next.map_or(deadline, |n| n.min(deadline)));
+                }
+            }
+            next
+        });
         EventLoop {
+            watch,
+            alarm,
             rl,
             inner,
             taken: Vec::new(),
@@ -141,6 +171,7 @@ impl EventLoop {
             settled: Vec::new(),
             batch: Vec::new(),
             items: Vec::new(),
+            due: Vec::new(),
             locks: Vec::new(),
             owners: Vec::new(),
         }
@@ -193,16 +224,19 @@ impl EventLoop {
             self.accept(call, now);
         }
         self.taken = taken;
-        for lease in self.dropped.drain(..) {
+        let mut dropped = std::mem::take(&mut self.dropped);
+        for lease in dropped.drain(..) {
             if let Some(i) = self
                 .leases
                 .iter()
                 .position(|e| Arc::ptr_eq(&e.shared, &lease))
             {
                 let entry = self.leases.swap_remove(i);
+                self.unwatch(&entry.shared);
                 self.orphans.push(entry.lock);
             }
         }
+        self.dropped = dropped;
         stopping
     }
 
@@ -310,6 +344,7 @@ impl EventLoop {
 
     /// One round per kind of work: releases, extends, acquires.
     fn run_rounds(&mut self) {
+        self.arm();
         if !self.unlocks.is_empty() || !self.orphans.is_empty() {
             self.run_releases();
         }
@@ -531,40 +566,116 @@ impl EventLoop {
             self.orphans.push(entry.lock);
             return;
         }
+        self.watch().push(Arc::clone(&entry.shared));
         self.leases.push(entry);
     }
 
-    /// Extends every lease that is due, one round each.
+    fn watch(&self) -> std::sync::MutexGuard<'_, Vec<Arc<LeaseShared>>> {
+        self.watch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn unwatch(&self, lease: &Arc<LeaseShared>) {
+        self.watch().retain(|l| !Arc::ptr_eq(l, lease));
+    }
+
+    /// Arms the driver's alarm for the earliest deadline of a lease not lost yet.
+    fn arm(&mut self) {
+        let next = self
+            .leases
+            .iter()
+            .filter(|e| !e.lost)
+            .map(|e| e.lock.deadline())
+            .min();
+        self.rl
+            .driver
+            .set_alarm(next.map(|at| (at, Arc::clone(&self.alarm))));
+    }
+
+    /// Extends every lease that is due: one round per ttl, every lease of it one
+    /// command (and slot) in that round.
     fn extend_leases(&mut self) {
         let now = Instant::now();
-        for i in 0..self.leases.len() {
-            let e = &mut self.leases[i];
-            if e.lost || now < e.next {
-                continue;
-            }
-            let ttl = e.ttl;
-            let result = self.rl.extend(&mut e.lock, ttl);
-            let e = &mut self.leases[i];
-            e.shared.set_deadline(e.lock.deadline());
-            match result {
-                Ok(()) => e.next = e.lock.started() + ttl / 3,
-                // A majority says the key is gone or someone else's (or it was too late):
-                // lost for good. What remains of it on a minority is deleted.
-                Err(Error::Expired(_)) => {
-                    e.lost = true;
-                    e.shared.mark_lost();
-                    let lock = e.lock.duplicate();
-                    self.orphans.push(lock);
+        let mut due = std::mem::take(&mut self.due);
+        loop {
+            due.clear();
+            let mut ttl = None;
+            for (i, e) in self.leases.iter().enumerate() {
+                if e.lost || now < e.next || due.len() >= MAX_BATCH {
+                    continue;
                 }
-                // Nodes did not answer: tried again while validity remains; the deadline
-                // timer declares it lost otherwise.
-                Err(_) => {
-                    let settings = &self.rl.settings;
-                    let pause = (ttl / 10).clamp(
-                        settings.node_timeout,
-                        settings.retry_delay.max(settings.node_timeout),
-                    );
-                    e.next = Instant::now() + pause;
+                match ttl {
+                    None => ttl = Some(e.ttl),
+                    Some(t) if t != e.ttl => continue,
+                    Some(_) => {}
+                }
+                due.push(i);
+            }
+            let Some(ttl) = ttl else { break };
+            self.extend_batch(&due, ttl);
+        }
+        self.due = due;
+    }
+
+    /// One extend round for the leases at `due` (indices into `leases`), all of `ttl`;
+    /// each lease's verdict as [`Redlock::extend`] gives it.
+    fn extend_batch(&mut self, due: &[usize], ttl: Duration) {
+        let ttl_ms = ttl.as_millis() as u64;
+        let mut items = reborrow(std::mem::take(&mut self.items));
+        items.extend(due.iter().map(|&i| {
+            let lock = &self.leases[i].lock;
+            Item {
+                key: lock.resource(),
+                token: lock.token_value(),
+            }
+        }));
+        let rl = &mut self.rl;
+        let start = rl.driver.run(
+            &mut rl.round,
+            &Request::new(Phase::Extend, ttl_ms, &items, 0),
+        );
+        self.items = reborrow(items);
+        let written = rl.driver.written();
+        let drift_factor = rl.settings.drift_factor;
+        let settings = &rl.settings;
+        let pause = (ttl / 10).clamp(
+            settings.node_timeout,
+            settings.retry_delay.max(settings.node_timeout),
+        );
+        let now = Instant::now();
+        for (slot, &i) in due.iter().enumerate() {
+            let e = &mut self.leases[i];
+            let decided = rl.round.decided_at(slot).unwrap_or(now);
+            let decision = rl.round.decision(slot);
+            // Succeeded or not, the extend may apply on these nodes: the release follows.
+            e.lock.add_written(written);
+            match extended_until(
+                decision,
+                decided,
+                start,
+                ttl,
+                drift_factor,
+                e.lock.deadline(),
+            ) {
+                Ok(end) => {
+                    e.lock.renew(ttl, start, end);
+                    e.shared.set_deadline(end);
+                    e.next = start + ttl / 3;
+                }
+                Err(keep) => {
+                    e.lock.shorten(keep);
+                    e.shared.set_deadline(e.lock.deadline());
+                    if matches!(decision, Decision::Won | Decision::Taken) {
+                        // A majority says the key is gone or someone else's (or agreed
+                        // too late): lost for good, never re-taken. What remains of it on a
+                        // minority is deleted.
+                        e.lost = true;
+                        e.shared.mark_lost();
+                        self.orphans.push(e.lock.duplicate());
+                    } else {
+                        // Too few nodes answered: tried again while validity remains; the
+                        // deadline declares it lost otherwise.
+                        e.next = now + pause;
+                    }
                 }
             }
         }
@@ -650,6 +761,7 @@ impl EventLoop {
             .position(|e| Arc::ptr_eq(&e.shared, lease))?;
         let entry = self.leases.swap_remove(i);
         entry.shared.mark_lost();
+        self.unwatch(&entry.shared);
         Some(entry.lock)
     }
 }
