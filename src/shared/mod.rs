@@ -195,10 +195,12 @@ impl SharedRedlock {
     fn blocking(&self, fill: impl FnOnce(&mut call::Request)) -> Result<Done, Error> {
         let call = BLOCKING.with(|slot| {
             let mut slot = slot.borrow_mut();
-            // A call still referenced elsewhere (the loop finishing with it, or a
-            // request abandoned from this thread) is not reused: a new one is cheap.
+            // The loop may still hold its reference for a moment after answering, but
+            // never touches an answered call again (see `call`), so only a call still
+            // busy (none, unless a request of this thread was left unanswered by a
+            // panic) needs a new one.
             match slot.as_ref() {
-                Some(c) if Arc::strong_count(c) == 1 => Arc::clone(c),
+                Some(c) if !c.lock().busy => Arc::clone(c),
                 _ => {
                     let c = Call::new();
                     *slot = Some(Arc::clone(&c));
