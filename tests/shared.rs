@@ -422,3 +422,72 @@ async fn the_lost_future_completes_with_a_frozen_majority() {
     // local deadline the future was seen complete.
     eprintln!("lost() observed {late:?} after the local deadline");
 }
+
+#[test]
+fn a_frozen_minority_does_not_stop_anyone_and_a_frozen_majority_is_unavailable() {
+    let cluster = Cluster::start(5);
+    let shared = Redlock::builder()
+        .nodes(cluster.urls())
+        .node_timeout(Duration::from_millis(100))
+        .retry_count(0)
+        .build_shared()
+        .unwrap();
+    cluster.node(0).freeze();
+    cluster.node(1).freeze();
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                for i in 0..20 {
+                    let lock = shared
+                        .blocking_try_lock(
+                            format!("shared:minority:{t}:{i}"),
+                            Duration::from_secs(10),
+                        )
+                        .expect("three of five answer");
+                    shared.blocking_unlock(&lock).expect("unlock at a majority");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    cluster.node(2).freeze();
+    match shared.blocking_try_lock("shared:majority", Duration::from_secs(10)) {
+        Err(Error::Unavailable(f)) => {
+            assert_eq!(f.nodes.len(), 5, "a report per node");
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    for n in 0..3 {
+        cluster.node(n).thaw();
+    }
+    // Everyone back: the nodes the client gave up on are reconnected.
+    assert!(wait_until(Duration::from_secs(20), || {
+        match shared.blocking_try_lock("shared:back", Duration::from_secs(10)) {
+            Ok(lock) => {
+                let n = shared.blocking_unlock(&lock).unwrap();
+                n >= 3
+            }
+            Err(_) => false,
+        }
+    }));
+}
+
+#[test]
+fn connections_killed_by_the_server_are_replaced() {
+    let cluster = Cluster::start(5);
+    let shared = shared(&cluster);
+    for round in 0..5 {
+        for n in 0..5 {
+            cluster.node(n).admin().client_kill_normal();
+        }
+        let lock = shared
+            .blocking_lock(format!("shared:killed:{round}"), Duration::from_secs(10))
+            .expect("retried on new connections");
+        shared.blocking_unlock(&lock).unwrap();
+    }
+    assert!(wait_until(Duration::from_secs(10), || (0..5)
+        .all(|n| clients(&cluster, n) == 1)));
+}
