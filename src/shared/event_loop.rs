@@ -52,15 +52,17 @@ pub(crate) fn start(settings: Settings) -> Result<Arc<Inner>, Error> {
         }),
         waker,
         users: AtomicUsize::new(1),
+        thread: Mutex::new(None),
     });
     let shared = Arc::clone(&inner);
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("quorumlock".into())
         .spawn(move || {
             let mut l = EventLoop::new(rl, shared);
             l.run();
         })
         .map_err(|e| Error::Os(OsError::new("starting the shared client's loop thread", e)))?;
+    *inner.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
     Ok(inner)
 }
 

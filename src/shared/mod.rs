@@ -12,7 +12,9 @@
 //!
 //! - The loop runs while any [`SharedRedlock`] clone or any [`Lease`] is alive. When the
 //!   last is dropped it finishes the releases still queued (dropped leases, abandoned
-//!   acquisitions), then closes every connection and ends.
+//!   acquisitions), then closes every connection and ends; that last drop waits for it,
+//!   so a process that drops its last handle before exiting does not cut its releases
+//!   short.
 //! - Every request queued is answered exactly once; if the loop thread dies (which no
 //!   code path should allow), queued and later requests are answered with an error
 //!   instead of waiting forever.
@@ -98,6 +100,8 @@ pub(crate) struct Inner {
     waker: mio::Waker,
     /// Live handles: `SharedRedlock` clones and leases. The loop ends when it drops to 0.
     users: AtomicUsize,
+    /// The loop thread, joined by whoever drops the last handle.
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// The requests not yet taken by the loop.
@@ -136,10 +140,21 @@ impl Inner {
         true
     }
 
+    /// One handle fewer. The last one stops the loop and waits for it to end: the
+    /// releases queued by then (a dropped lease, an abandoned acquisition) leave the
+    /// process before it can exit (at most a release round, bounded by `node_timeout`).
     fn drop_user(&self) {
-        if self.users.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.queue().stopping = true;
-            let _ = self.waker.wake();
+        if self.users.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        self.queue().stopping = true;
+        let _ = self.waker.wake();
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = thread {
+            // Never on the loop thread itself (a waker run there could drop a handle).
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }
