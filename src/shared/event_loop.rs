@@ -31,10 +31,14 @@ use crate::core::round::Decision;
 use crate::driver::{Alarm, WAKER};
 use crate::error::{Error, OsError, Phase};
 use crate::lock::Lock;
-use crate::redlock::{MAX_BATCH, MAX_BATCH_BYTES, Redlock, check_resource, ttl_millis};
+use crate::redlock::{MAX_BATCH_BYTES, Redlock, check_resource, ttl_millis};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Most commands one round of the loop carries: a burst of requests is cut into rounds
+/// short enough to be answered well within `node_timeout` on a busy machine.
+const SHARED_BATCH: usize = 256;
 
 /// Starts the loop thread; returns what its handles share.
 pub(crate) fn start(settings: Settings) -> Result<Arc<Inner>, Error> {
@@ -126,9 +130,13 @@ struct EventLoop {
     items: Vec<Item<'static>>,
     /// Scratch of a lease extend round: the leases due.
     due: Vec<usize>,
-    /// Scratch of a release round.
+    /// Releases to run now: the locks, who waits for each answer (none for an orphan),
+    /// and how many attempts each has had.
     locks: Vec<Lock>,
     owners: Vec<Option<Arc<Call>>>,
+    made: Vec<u32>,
+    /// Releases that too few nodes answered, tried again at their time.
+    later: Vec<(Instant, Option<Arc<Call>>, Lock, u32)>,
 }
 
 impl EventLoop {
@@ -176,6 +184,8 @@ impl EventLoop {
             due: Vec::new(),
             locks: Vec::new(),
             owners: Vec::new(),
+            made: Vec::new(),
+            later: Vec::new(),
         }
     }
 
@@ -208,6 +218,7 @@ impl EventLoop {
             || !self.extends.is_empty()
             || !self.unlocks.is_empty()
             || !self.orphans.is_empty()
+            || !self.locks.is_empty()
             || self.leases_due(now)
     }
 
@@ -322,6 +333,17 @@ impl EventLoop {
                 None => self.ready.push(a),
             }
         }
+        let mut i = 0;
+        while i < self.later.len() {
+            if self.later[i].0 > now {
+                i += 1;
+                continue;
+            }
+            let (_, owner, lock, made) = self.later.swap_remove(i);
+            self.locks.push(lock);
+            self.owners.push(owner);
+            self.made.push(made);
+        }
         for e in &mut self.leases {
             if e.lost {
                 continue;
@@ -347,7 +369,7 @@ impl EventLoop {
     /// One round per kind of work: releases, extends, acquires.
     fn run_rounds(&mut self) {
         self.arm();
-        if !self.unlocks.is_empty() || !self.orphans.is_empty() {
+        if !self.unlocks.is_empty() || !self.orphans.is_empty() || !self.locks.is_empty() {
             self.run_releases();
         }
         if !self.extends.is_empty() {
@@ -363,7 +385,11 @@ impl EventLoop {
 
     /// The next moment a timer is due.
     fn next_timer(&self) -> Option<Instant> {
-        let waits = self.waiting.iter().map(|a| a.due);
+        let waits = self
+            .waiting
+            .iter()
+            .map(|a| a.due)
+            .chain(self.later.iter().map(|l| l.0));
         let leases = self
             .leases
             .iter()
@@ -405,7 +431,7 @@ impl EventLoop {
         self.batch.clear();
         let mut bytes = 0;
         let mut i = 0;
-        while i < self.ready.len() && self.batch.len() < MAX_BATCH {
+        while i < self.ready.len() && self.batch.len() < SHARED_BATCH {
             let a = &self.ready[i];
             if a.ttl_ms != ttl_ms || is_lock_all(&a.call) {
                 i += 1;
@@ -602,7 +628,7 @@ impl EventLoop {
             due.clear();
             let mut ttl = None;
             for (i, e) in self.leases.iter().enumerate() {
-                if e.lost || now < e.next || due.len() >= MAX_BATCH {
+                if e.lost || now < e.next || due.len() >= SHARED_BATCH {
                     continue;
                 }
                 match ttl {
@@ -702,12 +728,13 @@ impl EventLoop {
         self.extends = extends;
     }
 
-    /// Every release asked for, and every orphan: plain locks in one round, locks over
-    /// several resources or with a fence each by its own script.
+    /// Every release asked for, and every orphan: plain locks in rounds of up to
+    /// [`SHARED_BATCH`], locks over several resources or with a fence each by its own
+    /// script. A release that too few nodes answered is tried again (compare-and-delete
+    /// is idempotent) up to `retry_count` times, `node_timeout` apart, before its error
+    /// is answered: a burst that outran `node_timeout` should not leave keys behind.
     fn run_releases(&mut self) {
         let mut calls = std::mem::take(&mut self.unlocks);
-        let mut owners = std::mem::take(&mut self.owners);
-        let mut locks = std::mem::take(&mut self.locks);
         for call in calls.drain(..) {
             let (lock, lease) = {
                 let mut r = call.lock();
@@ -720,8 +747,9 @@ impl EventLoop {
             };
             match lock {
                 Some(lock) => {
-                    locks.push(lock);
-                    owners.push(Some(call));
+                    self.locks.push(lock);
+                    self.owners.push(Some(call));
+                    self.made.push(0);
                 }
                 // A lease released twice: nothing left to delete.
                 None => {
@@ -729,30 +757,51 @@ impl EventLoop {
                 }
             }
         }
-        for lock in self.orphans.drain(..) {
-            locks.push(lock);
-            owners.push(None);
-        }
-        let plain = locks.iter().all(|l| !l.is_multi() && l.fence().is_none());
-        if plain && locks.len() > 1 {
-            let results = self.rl.unlock_many(&locks);
-            for (owner, result) in owners.drain(..).zip(results) {
-                if let Some(call) = owner {
-                    call.answer(result.map(Done::Released));
-                }
-            }
-        } else {
-            for (owner, lock) in owners.drain(..).zip(&locks) {
-                let result = self.rl.unlock(lock);
-                if let Some(call) = owner {
-                    call.answer(result.map(Done::Released));
-                }
-            }
-        }
-        locks.clear();
         self.unlocks = calls;
-        self.owners = owners;
-        self.locks = locks;
+        for lock in self.orphans.drain(..) {
+            self.locks.push(lock);
+            self.owners.push(None);
+            self.made.push(0);
+        }
+        while !self.locks.is_empty() {
+            let k = self.locks.len().min(SHARED_BATCH);
+            let plain = self.locks[..k]
+                .iter()
+                .all(|l| !l.is_multi() && l.fence().is_none());
+            if plain && k > 1 {
+                let results = self.rl.unlock_many(&self.locks[..k]);
+                for (i, result) in results.into_iter().enumerate() {
+                    self.settle_release(i, result);
+                }
+            } else {
+                for i in 0..k {
+                    let result = self.rl.unlock(&self.locks[i]);
+                    self.settle_release(i, result);
+                }
+            }
+            // Settled ones left `None` owners and placeholder locks behind: drop the
+            // first k entries (those to retry were moved to `later`).
+            self.locks.drain(..k);
+            self.owners.drain(..k);
+            self.made.drain(..k);
+        }
+    }
+
+    /// Answers release `i` of the current round, or schedules it again.
+    fn settle_release(&mut self, i: usize, result: Result<usize, Error>) {
+        self.made[i] += 1;
+        if matches!(result, Err(Error::Unavailable(_)))
+            && self.made[i] <= self.rl.settings.retry_count
+        {
+            let lock = self.locks[i].duplicate();
+            let due = Instant::now() + self.rl.settings.node_timeout;
+            self.later
+                .push((due, self.owners[i].take(), lock, self.made[i]));
+            return;
+        }
+        if let Some(call) = self.owners[i].take() {
+            call.answer(result.map(Done::Released));
+        }
     }
 
     /// The lock of a lease being released; the lease stops being kept.
