@@ -77,7 +77,9 @@ pub use resp::{Limits, ProtocolError};
 pub mod __private {
     /// The protocol as plain data.
     pub mod core {
-        pub use crate::core::{budget, command, engine, quorum, round, script, session, token};
+        pub use crate::core::{
+            budget, command, engine, notice, quorum, round, script, session, token,
+        };
     }
     /// The RESP2 codec.
     pub mod resp {
