@@ -7,14 +7,22 @@
 //! for an absence: after the release that must stay silent, the test publishes a sentinel
 //! on the same channel, and the next message the subscriber reads must be the sentinel
 //! (a node delivers one subscriber's messages in the order it ran the publishes).
+//!
+//! The last tests drive the library's own subscriber state machine
+//! (`core::notice::Subscriber`) over a plain `TcpStream`, so its reading of a real
+//! server's replies (AUTH, confirmations, pushes, PING in subscribed mode) is checked too.
 
 mod common;
 
 use common::admin::{Admin, Reply};
-use common::{Cluster, wait_until};
+use common::{Cluster, NodeOptions, wait_until};
+use quorumlock::__private::core::notice::Subscriber;
 use quorumlock::__private::core::script::{RELEASE, RELEASE_ALL, RELEASE_FENCED, RELEASED_PREFIX};
-use quorumlock::Redlock;
-use std::time::Duration;
+use quorumlock::__private::core::session::Login;
+use quorumlock::{Limits, NodeError, Redlock};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
 
 /// How long any one expected message may take on a loaded machine: a bound, not a sleep.
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -154,4 +162,120 @@ fn a_release_that_deletes_nothing_publishes_nothing() {
     let args: [&[u8]; 5] = [b"EVAL", RELEASE, one, key, b"their-token"];
     assert_eq!(admin.cmd(&args), Reply::Int(1));
     assert_eq!(next_message(&mut sub), (channel(key), Vec::new()));
+}
+
+/// A `Subscriber` on its own socket, driven as the loop will drive it (blocking here).
+struct Wire {
+    sub: Subscriber,
+    stream: TcpStream,
+}
+
+impl Wire {
+    fn open(cluster: &Cluster, i: usize, password: Option<&str>) -> Wire {
+        let login = Login {
+            password: password.map(String::from),
+            ..Login::default()
+        };
+        let mut sub = Subscriber::new(&login, Limits::default());
+        let stream = TcpStream::connect(cluster.node(i).addr().unwrap()).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .unwrap();
+        sub.opened();
+        Wire { sub, stream }
+    }
+
+    fn flush(&mut self) {
+        let out = self.sub.outbox().to_vec();
+        self.stream.write_all(&out).unwrap();
+        self.sub.consumed(out.len());
+    }
+
+    /// Writes what is queued, then reads until a notice arrives, nothing is owed any more
+    /// (`None`), or the deadline passes (a panic).
+    fn next(&mut self) -> Result<Option<Vec<u8>>, NodeError> {
+        self.flush();
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(n) = self.sub.next_notice()? {
+                return Ok(Some(n.key.to_vec()));
+            }
+            if !self.sub.owes() {
+                return Ok(None);
+            }
+            assert!(Instant::now() < deadline, "no reply within {DEADLINE:?}");
+            let room = self.sub.read_room()?;
+            match self.stream.read(room) {
+                Ok(0) => return Err(NodeError::Closed),
+                Ok(n) => self.sub.received(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Reads until a notice arrives (within the deadline), answering nothing else.
+    fn notice(&mut self) -> Vec<u8> {
+        // A PING keeps a reply owed, so `next` waits for the notice rather than
+        // returning once the confirmations are in; its answer is consumed on the way.
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            assert!(Instant::now() < deadline, "no notice within {DEADLINE:?}");
+            self.sub.ping();
+            if let Some(key) = self.next().unwrap() {
+                return key;
+            }
+        }
+    }
+}
+
+#[test]
+fn the_subscriber_reads_a_real_servers_replies_and_notices() {
+    let cluster = Cluster::start_with(1, &NodeOptions::with_password("s3cret"));
+    let mut wire = Wire::open(&cluster, 0, Some("s3cret"));
+    wire.sub.want(b"live:a").unwrap();
+    wire.sub.want(b"live:b").unwrap();
+    wire.sub.want(b"live:a").unwrap();
+    // AUTH and both confirmations, then a PING in subscribed mode.
+    assert_eq!(wire.next(), Ok(None));
+    wire.sub.ping();
+    assert_eq!(wire.next(), Ok(None));
+    let mut rl = client(&cluster, false);
+    let lock = rl.try_lock("live:b", Duration::from_secs(10)).unwrap();
+    rl.unlock(&lock).unwrap();
+    assert_eq!(wire.notice(), b"live:b");
+    // One waiter gone: still subscribed. The last gone: unsubscribed (the node confirms
+    // it), and a release of `live:a` gives no notice (the next one is `live:b`'s).
+    wire.sub.unwant(b"live:a").unwrap();
+    assert_eq!(wire.next(), Ok(None));
+    let lock = rl.try_lock("live:a", Duration::from_secs(10)).unwrap();
+    rl.unlock(&lock).unwrap();
+    assert_eq!(wire.notice(), b"live:a");
+    wire.sub.unwant(b"live:a").unwrap();
+    assert_eq!(wire.next(), Ok(None));
+    let lock = rl.try_lock("live:a", Duration::from_secs(10)).unwrap();
+    rl.unlock(&lock).unwrap();
+    let lock = rl.try_lock("live:b", Duration::from_secs(10)).unwrap();
+    rl.unlock(&lock).unwrap();
+    assert_eq!(wire.notice(), b"live:b");
+    // A reconnect subscribes what is wanted again.
+    wire.sub.closed();
+    let mut wire2 = Wire::open(&cluster, 0, Some("s3cret"));
+    wire2.sub.want(b"live:b").unwrap();
+    assert_eq!(wire2.next(), Ok(None));
+    let lock = rl.try_lock("live:b", Duration::from_secs(10)).unwrap();
+    rl.unlock(&lock).unwrap();
+    assert_eq!(wire2.notice(), b"live:b");
+}
+
+#[test]
+fn the_subscriber_reports_a_refused_auth() {
+    let cluster = Cluster::start_with(1, &NodeOptions::with_password("s3cret"));
+    let mut wire = Wire::open(&cluster, 0, Some("wrong"));
+    wire.sub.want(b"k").unwrap();
+    match wire.next() {
+        Err(NodeError::Handshake(m)) => assert!(m.starts_with("WRONGPASS"), "{m}"),
+        other => panic!("{other:?}"),
+    }
 }
