@@ -79,7 +79,9 @@ pub use shared::{Lease, Lost, SharedRedlock};
 pub mod __private {
     /// The protocol as plain data.
     pub mod core {
-        pub use crate::core::{budget, command, engine, quorum, round, script, session, token};
+        pub use crate::core::{
+            budget, command, engine, notice, quorum, round, script, session, token,
+        };
     }
     /// The RESP2 codec.
     pub mod resp {

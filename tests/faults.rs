@@ -23,7 +23,7 @@ const MARGIN: Duration = Duration::from_secs(5);
 /// a healthy node miss a round (the round ends when every node has answered).
 const HEALTHY: Duration = Duration::from_secs(2);
 /// SHA1 of the release script (`quorumlock::__private::core::script::RELEASE_SHA`).
-const RELEASE_SHA: &str = "b70c2384248f88e6b75b9f89241a180f856ad852";
+const RELEASE_SHA: &str = "b2d4919aaf16da78f3d2ff802d03d26f645eb320";
 
 fn client(urls: &[String], node_timeout: Duration) -> Redlock {
     Redlock::builder()

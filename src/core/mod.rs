@@ -10,6 +10,8 @@
 //! - [`token`]: unique lock values.
 //! - [`engine`]: the protocol of the whole client over every node's session, reaching
 //!   sockets and the clock only through a `Transport` (the mio driver, or a simulation).
+//! - [`notice`]: one subscriber connection's protocol state: the release notices that
+//!   wake waiters, per wanted key.
 //! - [`session`]: one node's protocol state without its socket: connection lifecycle,
 //!   handshake, buffers, the FIFO of owed replies (`fifo`), backoff, lag.
 //!
@@ -25,6 +27,7 @@ pub mod budget;
 pub mod command;
 pub mod engine;
 pub(crate) mod fifo;
+pub mod notice;
 pub mod quorum;
 pub mod round;
 pub mod script;

@@ -5,13 +5,29 @@
 //! The SHA1 digests are fixed constants (the crate takes no hashing dependency); the
 //! live-server tests check them against `SCRIPT LOAD`, and the unit test below checks them
 //! against an independent SHA1.
+//!
+//! # Release notices
+//!
+//! Every script that deletes a lock key ([`RELEASE`], [`RELEASE_ALL`],
+//! [`RELEASE_FENCED`]) publishes, for each key it actually deletes and only then, an empty
+//! message on the channel [`RELEASED_PREFIX`] + key, after the delete in the same script
+//! (so a subscriber that hears it and tries at once finds the key free on that node). A
+//! key not deleted (someone else's token, already gone) publishes nothing. The payload is
+//! empty on purpose: the token is a credential, and a multi-key or partial release can
+//! leave the same token live on other nodes, so it is never broadcast to whoever may
+//! subscribe. The return values are those of the scripts without the notice.
+//! `crate::core::notice` is the subscriber's side.
 
-/// Deletes `KEYS[1]` only if its value is `ARGV[1]`. Returns 1 if deleted, else 0.
-pub const RELEASE: &[u8] =
-    br#"if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"#;
+/// Deletes `KEYS[1]` only if its value is `ARGV[1]`, and then publishes the release
+/// notice for it (see [`RELEASED_PREFIX`]). Returns 1 if deleted, else 0.
+pub const RELEASE: &[u8] = br#"if redis.call("get",KEYS[1]) == ARGV[1] then local d=redis.call("del",KEYS[1]) redis.call("publish","quorumlock:released:"..KEYS[1],"") return d else return 0 end"#;
+
+/// The channel of a resource's release notice is this prefix, then the resource (the key)
+/// itself; the scripts spell it out in their Lua (a unit test checks they agree).
+pub const RELEASED_PREFIX: &[u8] = b"quorumlock:released:";
 
 /// SHA1 of [`RELEASE`], for `EVALSHA`.
-pub const RELEASE_SHA: &[u8; 40] = b"b70c2384248f88e6b75b9f89241a180f856ad852";
+pub const RELEASE_SHA: &[u8; 40] = b"b2d4919aaf16da78f3d2ff802d03d26f645eb320";
 
 /// Sets the expiry of `KEYS[1]` to `ARGV[2]` ms only if its value is `ARGV[1]`.
 /// Returns 1 if extended, else 0.
@@ -37,11 +53,12 @@ pub const FENCE: &[u8] = br#"local f=tonumber(ARGV[1]) for i=1,#KEYS do local c=
 /// SHA1 of [`FENCE`].
 pub const FENCE_SHA: &[u8; 40] = b"e37b94845efb511578143b5e836fb47218163ac2";
 
-/// Deletes each of `KEYS` whose value is `ARGV[1]`. Returns 1 if all were, else 0.
-pub const RELEASE_ALL: &[u8] = br#"local n=0 for i=1,#KEYS do if redis.call("get",KEYS[i])==ARGV[1] then redis.call("del",KEYS[i]) n=n+1 end end if n==#KEYS then return 1 end return 0"#;
+/// Deletes each of `KEYS` whose value is `ARGV[1]`, publishing the release notice of each
+/// it deletes. Returns 1 if all were, else 0.
+pub const RELEASE_ALL: &[u8] = br#"local n=0 for i=1,#KEYS do if redis.call("get",KEYS[i])==ARGV[1] then redis.call("del",KEYS[i]) redis.call("publish","quorumlock:released:"..KEYS[i],"") n=n+1 end end if n==#KEYS then return 1 end return 0"#;
 
 /// SHA1 of [`RELEASE_ALL`].
-pub const RELEASE_ALL_SHA: &[u8; 40] = b"bbd1b902fb026e71ac437a22ec0f7fbf0dfbb1c3";
+pub const RELEASE_ALL_SHA: &[u8; 40] = b"d0d752d2ece4186306abb0df39f46d9ac18733df";
 
 /// Sets the expiry of every one of `KEYS` to `ARGV[2]` ms if all their values are
 /// `ARGV[1]`, else touches none. Returns 1 if extended, else 0.
@@ -52,13 +69,14 @@ pub const EXTEND_ALL_SHA: &[u8; 40] = b"625585dd655db49164a0d3f383c152341a6e2375
 
 /// A fenced lock's release: for each of the `n = #KEYS / 2` lock keys (`KEYS[1..n]`) whose
 /// value is `ARGV[1]`, raises its fence counter (`KEYS[n + i]`) to `ARGV[2]` where lower,
-/// then deletes the key. Returns 1 if every key was ours, else 0. A key is never freed
+/// then deletes the key and publishes its release notice. Returns 1 if every key was
+/// ours, else 0. A key is never freed
 /// on a node without its holder's fence there: the next holder's acquire, which needs the
 /// key free, reads it.
-pub const RELEASE_FENCED: &[u8] = br#"local n=#KEYS/2 local f=tonumber(ARGV[2]) local d=0 for i=1,n do if redis.call("get",KEYS[i])==ARGV[1] then local c=tonumber(redis.call("get",KEYS[n+i])) if not c or c<f then redis.call("set",KEYS[n+i],ARGV[2]) end redis.call("del",KEYS[i]) d=d+1 end end if d==n then return 1 end return 0"#;
+pub const RELEASE_FENCED: &[u8] = br#"local n=#KEYS/2 local f=tonumber(ARGV[2]) local d=0 for i=1,n do if redis.call("get",KEYS[i])==ARGV[1] then local c=tonumber(redis.call("get",KEYS[n+i])) if not c or c<f then redis.call("set",KEYS[n+i],ARGV[2]) end redis.call("del",KEYS[i]) redis.call("publish","quorumlock:released:"..KEYS[i],"") d=d+1 end end if d==n then return 1 end return 0"#;
 
 /// SHA1 of [`RELEASE_FENCED`].
-pub const RELEASE_FENCED_SHA: &[u8; 40] = b"618074970e215b2024cb8e0ba42cef451404a990";
+pub const RELEASE_FENCED_SHA: &[u8; 40] = b"77518fdfb9119287fa1a2b51766bfa14ab749a61";
 
 #[cfg(test)]
 mod tests {
@@ -123,5 +141,26 @@ mod tests {
         assert_eq!(sha1_hex(RELEASE_ALL).as_bytes(), RELEASE_ALL_SHA);
         assert_eq!(sha1_hex(EXTEND_ALL).as_bytes(), EXTEND_ALL_SHA);
         assert_eq!(sha1_hex(RELEASE_FENCED).as_bytes(), RELEASE_FENCED_SHA);
+    }
+
+    fn count(hay: &[u8], needle: &[u8]) -> usize {
+        hay.windows(needle.len()).filter(|w| *w == needle).count()
+    }
+
+    #[test]
+    fn every_delete_publishes_on_the_released_channel() {
+        let channel = [&b"\""[..], RELEASED_PREFIX, b"\"..KEYS["].concat();
+        for script in [RELEASE, RELEASE_ALL, RELEASE_FENCED] {
+            let dels = count(script, b"redis.call(\"del\"");
+            assert_eq!(dels, 1);
+            assert_eq!(count(script, b"redis.call(\"publish\""), dels);
+            assert_eq!(count(script, &channel), dels);
+            // The empty payload: the token is never broadcast.
+            assert_eq!(count(script, b"],\"\")"), dels);
+            assert_eq!(count(script, b"ARGV[1])"), 0);
+        }
+        for script in [EXTEND, ACQUIRE, FENCE, EXTEND_ALL] {
+            assert_eq!(count(script, b"publish"), 0);
+        }
     }
 }

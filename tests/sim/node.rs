@@ -63,6 +63,11 @@
 //!   returned number out of the `i64` range (or NaN) answers `i64::MIN`, which is what
 //!   x86-64 gives (C leaves it undefined, so another CPU may differ). Pinned against
 //!   `redis-server` 7.0.15.
+//! - Release notices: the scripts' `redis.call("publish",…)` is recorded, not delivered
+//!   (no pub/sub command is modelled, so nothing can subscribe): [`SimNode::published`]
+//!   counts them and [`SimNode::take_published`] hands out the channels of the latest
+//!   (at most [`MAX_PUBLISHED`] kept). Publishing cannot fail in these scripts: the key it
+//!   names was just deleted, so it is a string.
 //! - Faults: [`SimNode::restart`] (no persistence: every key, the script cache and every
 //!   connection lost; connection ids are never reused, so a stale id reads as closed).
 //!   Freezes, latency and partial writes are the simulation's business: it just does not
@@ -82,6 +87,7 @@ use std::ops::Range;
 use quorumlock::__private::core::script::{
     ACQUIRE, ACQUIRE_SHA, EXTEND, EXTEND_ALL, EXTEND_ALL_SHA, EXTEND_SHA, FENCE, FENCE_SHA,
     RELEASE, RELEASE_ALL, RELEASE_ALL_SHA, RELEASE_FENCED, RELEASE_FENCED_SHA, RELEASE_SHA,
+    RELEASED_PREFIX,
 };
 
 /// A time on one node's own clock, in nanoseconds.
@@ -101,6 +107,10 @@ pub const MAX_MULTIBULK: i64 = i32::MAX as i64;
 
 /// How long a `*`/`$` header line or an inline request may grow before it must end.
 pub const MAX_INLINE: usize = 64 * 1024;
+
+/// Release notices whose channels [`SimNode::take_published`] keeps; older ones are only
+/// counted ([`SimNode::published`]), so a long simulation stays bounded.
+pub const MAX_PUBLISHED: usize = 1024;
 
 /// Number of databases (`SELECT 0` to `SELECT 15`).
 pub const DATABASES: usize = 16;
@@ -723,6 +733,10 @@ pub struct SimNode {
     users: Vec<(Vec<u8>, Vec<u8>)>,
     restarts: u64,
     commands: u64,
+    /// Release notices published by the scripts, ever.
+    published: u64,
+    /// The channels of the latest of them, oldest first (at most [`MAX_PUBLISHED`]).
+    notices: std::collections::VecDeque<Vec<u8>>,
 }
 
 impl SimNode {
@@ -745,6 +759,8 @@ impl SimNode {
             users: Vec::new(),
             restarts: 0,
             commands: 0,
+            published: 0,
+            notices: std::collections::VecDeque::new(),
         }
     }
 
@@ -885,6 +901,17 @@ impl SimNode {
     /// Number of commands run so far (across restarts; protocol errors are not commands).
     pub fn commands(&self) -> u64 {
         self.commands
+    }
+
+    /// Release notices the scripts have published so far (across restarts).
+    pub fn published(&self) -> u64 {
+        self.published
+    }
+
+    /// The channels of the release notices published since the last call, oldest first
+    /// (only the latest [`MAX_PUBLISHED`]).
+    pub fn take_published(&mut self) -> Vec<Vec<u8>> {
+        self.notices.drain(..).collect()
     }
 
     /// Whether the script with SHA1 `sha` is in the cache.
@@ -1243,14 +1270,17 @@ impl SimNode {
     ) -> Result<Lua, Raised> {
         let argv = |i: usize| args.get(i - 1).copied();
         match script {
-            // if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1])
+            // if redis.call("get",KEYS[1]) == ARGV[1] then local d=redis.call("del",KEYS[1])
+            // redis.call("publish","quorumlock:released:"..KEYS[1],"") return d
             // else return 0 end
             Script::Release => {
                 let key = keys.first().copied();
                 if !lua_same(self.call_get(db, key, now_ms)?.as_deref(), argv(1)) {
                     return Ok(Lua::Number(0.0));
                 }
-                Ok(Lua::Number(self.call_del(db, key, now_ms)? as f64))
+                let d = self.call_del(db, key, now_ms)?;
+                self.call_publish(key)?;
+                Ok(Lua::Number(d as f64))
             }
             // if redis.call("get",KEYS[1]) == ARGV[1] then return
             // redis.call("pexpire",KEYS[1],ARGV[2]) else return 0 end
@@ -1265,12 +1295,14 @@ impl SimNode {
             Script::Acquire => self.acquire(db, keys, args, now_ms),
             Script::Fence => self.fence(db, keys, args, now_ms),
             // local n=0 for i=1,#KEYS do if redis.call("get",KEYS[i])==ARGV[1] then
-            // redis.call("del",KEYS[i]) n=n+1 end end if n==#KEYS then return 1 end return 0
+            // redis.call("del",KEYS[i]) redis.call("publish","quorumlock:released:"..KEYS[i],"")
+            // n=n+1 end end if n==#KEYS then return 1 end return 0
             Script::ReleaseAll => {
                 let mut n = 0;
                 for &key in keys {
                     if lua_same(self.call_get(db, Some(key), now_ms)?.as_deref(), argv(1)) {
                         self.call_del(db, Some(key), now_ms)?;
+                        self.call_publish(Some(key))?;
                         n += 1;
                     }
                 }
@@ -1383,7 +1415,8 @@ impl SimNode {
     /// for i=1,n do if redis.call("get",KEYS[i])==ARGV[1] then
     ///   local c=tonumber(redis.call("get",KEYS[n+i]))
     ///   if not c or c<f then redis.call("set",KEYS[n+i],ARGV[2]) end
-    ///   redis.call("del",KEYS[i]) d=d+1 end end
+    ///   redis.call("del",KEYS[i])
+    ///   redis.call("publish","quorumlock:released:"..KEYS[i],"") d=d+1 end end
     /// if d==n then return 1 end return 0
     /// ```
     ///
@@ -1420,6 +1453,7 @@ impl SimNode {
                 self.call_set(db, &[counter, raw], now_ms)?;
             }
             self.call_del(db, key, now_ms)?;
+            self.call_publish(key)?;
             d += 1.0;
         }
         Ok(Lua::Number(if d == n { 1.0 } else { 0.0 }))
@@ -1450,6 +1484,21 @@ impl SimNode {
         }
         self.dbs[db].remove(key);
         Ok(1)
+    }
+
+    /// `redis.call("publish","quorumlock:released:"..key,"")`: recorded (nothing
+    /// subscribes in the model). The scripts call it only after deleting `key`, so it is
+    /// a string; a nil would fail the concatenation before the call, as in Lua.
+    fn call_publish(&mut self, key: Option<&[u8]>) -> Result<(), Raised> {
+        let Some(key) = key else {
+            return Err(lua_error("attempt to concatenate field '?' (a nil value)"));
+        };
+        self.published += 1;
+        if self.notices.len() == MAX_PUBLISHED {
+            self.notices.pop_front();
+        }
+        self.notices.push_back([RELEASED_PREFIX, key].concat());
+        Ok(())
     }
 
     /// `redis.call("set",…)` with these arguments after `set`: every one is checked for nil
@@ -2078,7 +2127,7 @@ mod tests {
             text(&reply)
         );
         assert!(reply.ends_with(
-            b"script: b70c2384248f88e6b75b9f89241a180f856ad852, on @user_script:1.\r\n"
+            b"script: b2d4919aaf16da78f3d2ff802d03d26f645eb320, on @user_script:1.\r\n"
         ));
     }
 
@@ -3268,6 +3317,62 @@ mod tests {
         assert_eq!(reply, b":0\r\n");
         // No keys: all of none were deleted.
         assert_eq!(eval_all(&mut n, c, RELEASE_ALL, &[], &[], 0), b":1\r\n");
+    }
+
+    #[test]
+    fn a_release_publishes_a_notice_for_each_key_it_deletes_and_only_then() {
+        let mut n = SimNode::new(31);
+        let c = n.accept();
+        let ch = |k: &str| [RELEASED_PREFIX, k.as_bytes()].concat();
+        run(&mut n, c, &[b"SET", b"k", b"tok"], 0);
+        // Someone else's token, a missing key: nothing deleted, nothing published.
+        assert_eq!(run(&mut n, c, &eval(RELEASE, b"k", &[b"x"]), 0), b":0\r\n");
+        assert_eq!(
+            run(&mut n, c, &eval(RELEASE, b"m", &[b"tok"]), 0),
+            b":0\r\n"
+        );
+        assert_eq!((n.published(), n.take_published()), (0, vec![]));
+        assert_eq!(
+            run(&mut n, c, &eval(RELEASE, b"k", &[b"tok"]), 0),
+            b":1\r\n"
+        );
+        assert_eq!(n.take_published(), vec![ch("k")]);
+        // RELEASE_ALL: the deleted ones, in key order; a partial release still answers 0.
+        for k in [&b"a"[..], b"c"] {
+            run(&mut n, c, &[b"SET", k, b"tok"], 0);
+        }
+        run(&mut n, c, &[b"SET", b"b", b"oth"], 0);
+        let keys: [&[u8]; 3] = [b"a", b"b", b"c"];
+        let reply = eval_all(&mut n, c, RELEASE_ALL, &keys, &[b"tok"], 0);
+        assert_eq!(reply, b":0\r\n");
+        assert_eq!(n.take_published(), vec![ch("a"), ch("c")]);
+        // RELEASE_FENCED: the lock keys deleted, never the counters.
+        run(&mut n, c, &[b"SET", b"a", b"tok"], 0);
+        let reply = eval_all(
+            &mut n,
+            c,
+            RELEASE_FENCED,
+            &[b"a", b"b", b"fa", b"fb"],
+            &[b"tok", b"3"],
+            0,
+        );
+        assert_eq!(reply, b":0\r\n");
+        assert_eq!(n.take_published(), vec![ch("a")]);
+        assert_eq!(n.published(), 4);
+        // By EVALSHA too (cached by the EVALs above).
+        run(&mut n, c, &[b"SET", b"k", b"tok"], 0);
+        assert_eq!(
+            run(&mut n, c, &evalsha(RELEASE_SHA, b"k", &[b"tok"]), 0),
+            b":1\r\n"
+        );
+        assert_eq!(n.take_published(), vec![ch("k")]);
+        // The log is bounded; the count is not.
+        for _ in 0..MAX_PUBLISHED + 5 {
+            run(&mut n, c, &[b"SET", b"k", b"tok"], 0);
+            run(&mut n, c, &eval(RELEASE, b"k", &[b"tok"]), 0);
+        }
+        assert_eq!(n.take_published().len(), MAX_PUBLISHED);
+        assert_eq!(n.published(), 5 + MAX_PUBLISHED as u64 + 5);
     }
 
     #[test]
