@@ -488,6 +488,70 @@ fn connections_killed_by_the_server_are_replaced() {
             .expect("retried on new connections");
         shared.blocking_unlock(&lock).unwrap();
     }
-    assert!(wait_until(Duration::from_secs(10), || (0..5)
-        .all(|n| clients(&cluster, n) == 1)));
+    // One lock connection per node, and at most one subscriber connection (had a
+    // retry listened for release notices).
+    assert!(wait_until(Duration::from_secs(10), || {
+        (0..5).all(|n| (1..=2).contains(&clients(&cluster, n)))
+    }));
+}
+
+/// Subscribers to `key`'s release notices on `node`.
+fn listeners(cluster: &Cluster, node: usize, key: &str) -> i64 {
+    let channel = format!("quorumlock:released:{key}");
+    let reply = cluster
+        .node(node)
+        .admin()
+        .cmd(&["PUBSUB", "NUMSUB", channel.as_str()]);
+    reply
+        .as_array()
+        .and_then(|a| a.get(1))
+        .and_then(|r| r.as_int())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_waiter_is_woken_by_the_release_not_by_its_poll() {
+    let cluster = Cluster::start(5);
+    // A poll an hour apart: a waiter that gets the lock within the test was woken by
+    // the holder's release notice.
+    let shared = Redlock::builder()
+        .nodes(cluster.urls())
+        .retry_delay(Duration::from_secs(3600))
+        .retry_jitter(Duration::ZERO)
+        .build_shared()
+        .unwrap();
+    let holder = Redlock::builder().nodes(cluster.urls()).build().unwrap();
+    let mut holder = holder;
+    let held = holder
+        .lock("shared:handoff", Duration::from_secs(60))
+        .unwrap();
+    let waiter = {
+        let shared = shared.clone();
+        std::thread::spawn(move || {
+            shared.blocking_lock_within(
+                "shared:handoff",
+                Duration::from_secs(10),
+                Duration::from_secs(120),
+            )
+        })
+    };
+    // Released once the waiter listens on every node (a notice before that is missed,
+    // and costs a poll: an hour here).
+    assert!(wait_until(Duration::from_secs(30), || {
+        (0..5).all(|n| listeners(&cluster, n, "shared:handoff") == 1)
+    }));
+    holder.unlock(&held).unwrap(); // the direct client's release publishes too
+    let lock = waiter.join().unwrap().expect("woken by the release");
+    assert!(lock.is_valid());
+    shared.blocking_unlock(&lock).unwrap();
+    // No waiter left: the key's channel is unsubscribed.
+    assert!(wait_until(Duration::from_secs(10), || {
+        (0..5).all(|n| listeners(&cluster, n, "shared:handoff") == 0)
+    }));
+    // One lock connection and one subscriber connection per node (kept open, with no
+    // subscription, for the next waiter), beside the direct holder's.
+    drop(holder);
+    for n in 0..5 {
+        assert!(wait_until(Duration::from_secs(10), || clients(&cluster, n) == 2));
+    }
 }

@@ -4,7 +4,7 @@
 //!
 //! # Invariants
 //!
-//! - `streams[node]` is registered with the driver's `Poll` under `Token(node)`, for
+//! - `streams[node]` is registered with the driver's `Poll` under `Token(base + node)`, for
 //!   both readiness kinds, for as long as it is `Some`; a closed one is deregistered
 //!   before it is dropped, so no event of an old socket is read as one of a new one.
 
@@ -35,6 +35,9 @@ pub(crate) struct Net {
     registry: Registry,
     endpoints: Vec<Endpoint>,
     streams: Vec<Option<Stream>>,
+    /// Node `i`'s socket is registered as `Token(base + i)`: 0 for the lock connections,
+    /// the number of nodes for the shared client's subscriber connections.
+    base: usize,
 }
 
 impl Net {
@@ -44,6 +47,16 @@ impl Net {
             registry,
             endpoints,
             streams,
+            base: 0,
+        }
+    }
+
+    /// A second set of sockets to the same nodes on the same `Poll`, registered from
+    /// `Token(base)` up.
+    pub fn with_token_base(registry: Registry, endpoints: Vec<Endpoint>, base: usize) -> Net {
+        Net {
+            base,
+            ..Net::new(registry, endpoints)
         }
     }
 
@@ -73,7 +86,7 @@ impl Transport for Net {
         // epoll_ctl per short write.
         self.registry.register(
             stream.as_source(),
-            Token(node),
+            Token(self.base + node),
             Interest::READABLE | Interest::WRITABLE,
         )?;
         self.streams[node] = Some(stream);

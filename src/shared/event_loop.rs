@@ -23,6 +23,7 @@
 
 use super::call::{Call, Done, Op};
 use super::lease::LeaseShared;
+use super::notices::Notices;
 use super::{Inner, Queue, loop_gone};
 use crate::config::Settings;
 use crate::core::engine::{Item, Request};
@@ -58,11 +59,13 @@ pub(crate) fn start(settings: Settings) -> Result<Arc<Inner>, Error> {
         users: AtomicUsize::new(1),
         thread: Mutex::new(None),
     });
+    let notices = Notices::new(rl.driver.registry(), &inner.settings, Instant::now())
+        .map_err(|e| Error::Os(OsError::new("creating the release notice connections", e)))?;
     let shared = Arc::clone(&inner);
     let thread = std::thread::Builder::new()
         .name("quorumlock".into())
         .spawn(move || {
-            let mut l = EventLoop::new(rl, shared);
+            let mut l = EventLoop::new(rl, shared, notices);
             l.run();
         })
         .map_err(|e| Error::Os(OsError::new("starting the shared client's loop thread", e)))?;
@@ -85,6 +88,11 @@ struct Acquire {
     lease: bool,
     /// The error of the last attempt, answered at `due` when no attempt is left.
     last: Option<Error>,
+    /// Subscribed to the key's release notices (from its first failed attempt until it
+    /// is answered).
+    subscribed: bool,
+    /// The nodes whose release notice for the key came since the last attempt.
+    heard: u64,
 }
 
 /// A live lease, as the loop keeps it.
@@ -116,6 +124,10 @@ struct EventLoop {
     /// dropped leases, leases past their maximum hold or found lost).
     orphans: Vec<Lock>,
     leases: Vec<LeaseEntry>,
+    /// The subscriber connections of the release notices waiters listen to.
+    notices: Notices,
+    /// Readiness of the subscriber connections (bit `i`: node `i`) not handled yet.
+    foreign: u64,
     /// The leases kept, for the driver's alarm, which marks them lost at their deadline
     /// even in the middle of a round.
     watch: Arc<Mutex<Vec<Arc<LeaseShared>>>>,
@@ -140,7 +152,7 @@ struct EventLoop {
 }
 
 impl EventLoop {
-    fn new(rl: Redlock, inner: Arc<Inner>) -> EventLoop {
+    fn new(rl: Redlock, inner: Arc<Inner>, notices: Notices) -> EventLoop {
         let watch: Arc<Mutex<Vec<Arc<LeaseShared>>>> = Arc::default();
         let watched = Arc::clone(&watch);
         let alarm: Alarm = Arc::new(move |now| {
@@ -163,6 +175,8 @@ impl EventLoop {
             next
         });
         EventLoop {
+            notices,
+            foreign: 0,
             watch,
             alarm,
             rl,
@@ -196,6 +210,7 @@ impl EventLoop {
         loop {
             let stopping = self.take_queue();
             let now = Instant::now();
+            self.hear(now);
             self.fire_timers(now);
             if self.has_work(now) {
                 self.run_rounds();
@@ -287,6 +302,8 @@ impl EventLoop {
                         ttl_ms,
                         lease,
                         last: None,
+                        subscribed: false,
+                        heard: 0,
                     }),
                     Err(e) => {
                         call.answer(Err(e));
@@ -305,6 +322,8 @@ impl EventLoop {
                     ttl_ms: 0,
                     lease: false,
                     last: None,
+                    subscribed: false,
+                    heard: 0,
                 });
             }
             Op::Extend => {
@@ -327,10 +346,16 @@ impl EventLoop {
                 i += 1;
                 continue;
             }
-            let a = self.waiting.swap_remove(i);
-            match a.last {
-                Some(e) => self.answer_acquire(a.call, Err(e)),
-                None => self.ready.push(a),
+            let mut a = self.waiting.swap_remove(i);
+            match a.last.take() {
+                Some(e) => {
+                    self.unsubscribe(&a);
+                    self.answer_acquire(a.call, Err(e));
+                }
+                None => {
+                    a.heard = 0;
+                    self.ready.push(a);
+                }
             }
         }
         let mut i = 0;
@@ -396,7 +421,7 @@ impl EventLoop {
             .filter(|e| !e.lost)
             .flat_map(|e| [Some(e.next), Some(e.lock.deadline()), e.hold_until])
             .flatten();
-        waits.chain(leases).min()
+        waits.chain(leases).chain(self.notices.next_timer()).min()
     }
 
     /// Waits for a request, a timer, or a late reply.
@@ -414,7 +439,54 @@ impl EventLoop {
         if timeout != Some(Duration::ZERO) {
             self.rl.driver.wait(timeout);
         }
-        let _ = self.rl.driver.take_foreign();
+    }
+
+    /// Reads the subscriber connections that are ready and moves up the next attempt of
+    /// every waiter whose key a majority of nodes has announced released; keeps the
+    /// connections (opened while wanted, reopened with backoff).
+    fn hear(&mut self, now: Instant) {
+        self.foreign |= self.rl.driver.take_foreign();
+        let ready = std::mem::take(&mut self.foreign) & !(1 << 63);
+        if ready != 0 {
+            let quorum = self.rl.quorum();
+            let waiting = &mut self.waiting;
+            self.notices.on_ready(ready, now, |node, key| {
+                for a in waiting.iter_mut() {
+                    if !a.subscribed || a.call.lock().key != key {
+                        continue;
+                    }
+                    a.heard |= 1 << node;
+                    if a.heard.count_ones() as usize >= quorum {
+                        a.heard = 0;
+                        // A small jitter, so that waiters woken together do not split
+                        // the votes; an attempt never starts past `until`.
+                        let at = now + Duration::from_micros(fastrand::u64(0..1000));
+                        if a.until.is_none_or(|u| at < u) {
+                            a.due = at;
+                            a.last = None;
+                        }
+                    }
+                }
+            });
+        }
+        self.notices.maintain(now);
+    }
+
+    /// Listens for `a`'s key's release notices, from its first failed attempt on.
+    fn subscribe(&mut self, a: &mut Acquire, now: Instant) {
+        if !a.subscribed && !is_lock_all(&a.call) {
+            a.subscribed = true;
+            let r = a.call.lock();
+            self.notices.want(&r.key, now);
+        }
+    }
+
+    /// Stops listening for `a`'s key (it is being answered).
+    fn unsubscribe(&mut self, a: &Acquire) {
+        if a.subscribed {
+            let r = a.call.lock();
+            self.notices.unwant(&r.key, Instant::now());
+        }
     }
 
     // ---- acquires ----
@@ -532,15 +604,18 @@ impl EventLoop {
 
     /// What follows an attempt: the answer, or the next attempt's time.
     fn settle(&mut self, mut a: Acquire, result: Result<Lock, Error>, now: Instant) {
+        let retryable = matches!(
+            result,
+            Err(Error::Taken(_) | Error::Unavailable(_) | Error::Expired(_))
+        );
+        if !retryable || a.made >= a.attempts {
+            self.unsubscribe(&a);
+        }
         let e = match result {
             Ok(lock) if a.lease => return self.start_lease(a.call, lock, a.ttl),
             Ok(lock) => return self.answer_acquire(a.call, Ok(lock)),
             Err(e) => e,
         };
-        let retryable = matches!(
-            e,
-            Error::Taken(_) | Error::Unavailable(_) | Error::Expired(_)
-        );
         if !retryable || a.made >= a.attempts {
             return self.answer_acquire(a.call, Err(e));
         }
@@ -554,6 +629,7 @@ impl EventLoop {
             // The last attempt has been made: the call fails at its deadline, not before.
             Some(until) if next >= until => {
                 if now >= until {
+                    self.unsubscribe(&a);
                     return self.answer_acquire(a.call, Err(e));
                 }
                 a.due = until;
@@ -561,6 +637,7 @@ impl EventLoop {
             }
             _ => a.due = next,
         }
+        self.subscribe(&mut a, now);
         self.waiting.push(a);
     }
 

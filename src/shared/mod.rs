@@ -27,6 +27,7 @@
 pub(crate) mod call;
 mod event_loop;
 pub(crate) mod lease;
+mod notices;
 
 use crate::config::Settings;
 use crate::error::{Error, OsError};
