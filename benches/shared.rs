@@ -1141,10 +1141,176 @@ fn many_tasks(cfg: &Config, cluster: &Cluster) {
 // woken by the release notice; goal: median < 5 ms) beside polling's figure. Not measured
 // yet: this only prints the marker line.
 
-fn handoff(_cfg: &Config, _urls: &[String]) {
+/// One side of a hand-off run: acquire (waiting as the client does), and release.
+trait Taker: Send {
+    fn take(&mut self, key: &str) -> Option<Lock>;
+    fn give(&mut self, lock: &Lock);
+}
+
+/// The shared client waiting with `lock_within` (woken by the release notice).
+struct NoticeTaker(SharedRedlock);
+
+impl Taker for NoticeTaker {
+    fn take(&mut self, key: &str) -> Option<Lock> {
+        self.0
+            .blocking_lock_within(key, TTL, Duration::from_secs(10))
+            .ok()
+    }
+    fn give(&mut self, lock: &Lock) {
+        let _ = self.0.blocking_unlock(lock);
+    }
+}
+
+/// The direct client waiting with `lock` (polling: retry_delay ± retry_jitter).
+struct PollTaker(Redlock);
+
+impl Taker for PollTaker {
+    fn take(&mut self, key: &str) -> Option<Lock> {
+        self.0.lock(key, TTL).ok()
+    }
+    fn give(&mut self, lock: &Lock) {
+        let _ = self.0.unlock(lock);
+    }
+}
+
+/// Two clients pass one lock back and forth `n` times: the holder keeps it `hold`, then
+/// releases it while the other waits; a hand-off is the time from just before the
+/// release to the waiter holding the lock. Returns the hand-offs, in µs, and the
+/// attempts that failed.
+fn pass_around(
+    mut a: Box<dyn Taker>,
+    mut b: Box<dyn Taker>,
+    key: &str,
+    n: usize,
+    hold: Duration,
+) -> (Vec<u64>, usize) {
+    let base = Instant::now();
+    let released_at = Arc::new(AtomicU64::new(0));
+    let turn = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let handoffs = Arc::new(Mutex::new(Vec::with_capacity(n)));
+    let first = a.take(key).expect("the first lock");
+    let run = |me: usize, mut c: Box<dyn Taker>, mut held: Option<Lock>| {
+        let (released_at, turn, failed, handoffs) = (
+            Arc::clone(&released_at),
+            Arc::clone(&turn),
+            Arc::clone(&failed),
+            Arc::clone(&handoffs),
+        );
+        let key = key.to_string();
+        std::thread::spawn(move || {
+            loop {
+                let t = turn.load(Ordering::Acquire);
+                if t >= n {
+                    break;
+                }
+                match held.take() {
+                    // My turn to hold: keep it, then let it go.
+                    Some(lock) => {
+                        std::thread::sleep(hold);
+                        released_at.store(base.elapsed().as_nanos() as u64, Ordering::Release);
+                        c.give(&lock);
+                    }
+                    // Not my turn to wait: the lock I gave has not been taken yet.
+                    None if t % 2 != me => {
+                        std::thread::yield_now();
+                    }
+                    None => match c.take(&key) {
+                        Some(lock) => {
+                            let now = base.elapsed().as_nanos() as u64;
+                            let from = released_at.load(Ordering::Acquire);
+                            handoffs
+                                .lock()
+                                .unwrap()
+                                .push(now.saturating_sub(from) / 1000);
+                            turn.fetch_add(1, Ordering::AcqRel);
+                            held = Some(lock);
+                        }
+                        None => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                    },
+                }
+            }
+            if let Some(lock) = held {
+                c.give(&lock);
+            }
+        })
+    };
+    // After t hand-offs, A holds when t is even (B waits), B when it is odd (A waits);
+    // the waiter counts the hand-off once it holds the lock.
+    let ta = run(1, std::mem::replace(&mut a, Box::new(Nobody)), Some(first));
+    let tb = run(0, std::mem::replace(&mut b, Box::new(Nobody)), None);
+    ta.join().unwrap();
+    tb.join().unwrap();
+    let v = std::mem::take(&mut *handoffs.lock().unwrap());
+    (v, failed.load(Ordering::Relaxed))
+}
+
+struct Nobody;
+
+impl Taker for Nobody {
+    fn take(&mut self, _: &str) -> Option<Lock> {
+        None
+    }
+    fn give(&mut self, _: &Lock) {}
+}
+
+fn handoff(cfg: &Config, urls: &[String]) {
     println!("#### 5. Hand-off under contention\n");
-    println!("hand-off: not measured yet");
+    let n = if cfg.quick { 10 } else { 60 };
+    let hold = Duration::from_millis(5);
+    println!(
+        "Two clients pass one lock back and forth {n} times, each holding it {hold:?}; a \
+         hand-off is the time from just before the holder's release to the waiter holding \
+         the lock. Default settings (retry_delay 200 ms ± 100 ms).\n"
+    );
+    println!("| waiter | hand-offs | p50, ms | p90, ms | max, ms | failed waits |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let shared = || {
+        Redlock::builder()
+            .nodes(urls)
+            .build_shared()
+            .expect("shared client")
+    };
+    let direct = || Redlock::builder().nodes(urls).build().expect("client");
+    let rows: Vec<(&str, Box<dyn Taker>, Box<dyn Taker>, &str)> = vec![
+        (
+            "`SharedRedlock::blocking_lock_within`, woken by the release notice",
+            Box::new(NoticeTaker(shared())),
+            Box::new(NoticeTaker(shared())),
+            "sh:handoff:notice",
+        ),
+        (
+            "direct `Redlock::lock`, polling",
+            Box::new(PollTaker(direct())),
+            Box::new(PollTaker(direct())),
+            "sh:handoff:poll",
+        ),
+    ];
+    let mut medians = Vec::new();
+    for (name, a, b, key) in rows {
+        let (mut v, failed) = pass_around(a, b, key, n, hold);
+        v.sort_unstable();
+        let ms = |us: u64| us as f64 / 1000.0;
+        let p50 = pct(&v, 0.5);
+        medians.push(p50);
+        println!(
+            "| {name} | {} | {:.2} | {:.2} | {:.2} | {failed} |",
+            v.len(),
+            ms(p50),
+            ms(pct(&v, 0.9)),
+            ms(v.last().copied().unwrap_or(0)),
+        );
+    }
     println!();
+    if let [notice, poll] = medians[..] {
+        println!(
+            "Median hand-off: {:.2} ms woken by the notice (goal < 5 ms), {:.2} ms polling.\n",
+            notice as f64 / 1000.0,
+            poll as f64 / 1000.0
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------
