@@ -34,13 +34,17 @@
 //! # Layout
 //!
 //! - [`Redlock`], [`Builder`], [`Settings`], [`Endpoint`], [`Lock`]: the API.
+//! - [`SharedRedlock`], [`Lease`]: one event loop thread for every thread and async task
+//!   of a process (`async fn`s and blocking twins), leases it keeps alive, waiters woken
+//!   when the holder releases.
 //! - [`Error`] and its parts ([`Failure`], [`NodeReport`], [`Outcome`], [`NodeError`],
 //!   [`ConfigError`], [`ArgumentError`], [`OsError`]): what went wrong, where.
 //! - [`Limits`], [`MAX_RESOURCE`], [`MAX_TTL`], [`INLINE_RESOURCE`]: the bounds.
 //!
 //! Everything else is private: `resp` (the RESP2 codec), `core` (Redlock as plain data:
 //! quorum arithmetic, rounds of votes, scripts, tokens; time is passed in) and `driver`
-//! (the mio event loop, the only place with I/O). Benches and fuzz targets reach them
+//! (the mio event loop, the only place with I/O), and `shared` runs that same loop on a
+//! thread of its own for the shared client. Benches and fuzz targets reach them
 //! through a hidden module that is not part of the API and may change in any release.
 //!
 //! # Guarantees and their limits
