@@ -61,7 +61,10 @@ fn blocking_calls_do_not_allocate_on_either_thread() {
     }
     let counted = ALLOCATIONS.load(Ordering::SeqCst) - before;
     println!("{counted} allocations in {cycles} blocking try_lock + extend + unlock cycles");
-    assert_eq!(counted, 0, "the steady-state blocking cycle must not allocate");
+    assert_eq!(
+        counted, 0,
+        "the steady-state blocking cycle must not allocate"
+    );
     // The counter sees the loop thread: a resource past the inline size is copied to
     // the heap there (the lock it builds).
     let long = [b'x'; quorumlock::INLINE_RESOURCE + 1];

@@ -298,7 +298,14 @@ impl Driver {
             if now >= until || !self.engine.owes_deletes(now) {
                 break;
             }
-            self.poll_once(&mut events, until - now, None);
+            let mut wait = until - now;
+            if let Some((at, _)) = &self.alarm {
+                wait = wait.min(at.saturating_duration_since(now));
+            }
+            self.poll_once(&mut events, wait, None);
+            if self.alarm.is_some() {
+                self.ring_alarm();
+            }
         }
         self.events = events;
     }

@@ -22,6 +22,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
+/// Wakes a task. A waker is the caller's code, run on the loop thread: one that
+/// panics must not take the loop (and every other caller) down with it.
+pub(crate) fn wake(w: Waker) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake()));
+}
+
 /// What a call asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Op {
@@ -122,7 +128,7 @@ impl Call {
         drop(r);
         self.answered.notify_one();
         if let Some(w) = waker {
-            w.wake();
+            wake(w);
         }
         None
     }

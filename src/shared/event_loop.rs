@@ -41,6 +41,11 @@ use std::time::{Duration, Instant};
 /// short enough to be answered well within `node_timeout` on a busy machine.
 const SHARED_BATCH: usize = 256;
 
+/// How long before a lease's deadline the loop reports it lost: waits are rounded up to
+/// the millisecond (epoll), so a wake-up timed for the deadline itself would come after
+/// it.
+const LOST_EARLY: Duration = Duration::from_millis(2);
+
 /// Starts the loop thread; returns what its handles share.
 pub(crate) fn start(settings: Settings) -> Result<Arc<Inner>, Error> {
     let rl = Redlock::from_settings(settings.clone())?;
@@ -86,8 +91,10 @@ struct Acquire {
     ttl: Duration,
     ttl_ms: u64,
     lease: bool,
-    /// The error of the last attempt, answered at `due` when no attempt is left.
+    /// The error of the last attempt: answered at `due` when `final_answer` is set (no
+    /// attempt is left), or when `until` has passed by the time the next would start.
     last: Option<Error>,
+    final_answer: bool,
     /// Subscribed to the key's release notices (from its first failed attempt until it
     /// is answered).
     subscribed: bool,
@@ -166,10 +173,11 @@ impl EventLoop {
                     }
                     s.deadline
                 };
-                if now >= deadline {
+                if now + LOST_EARLY >= deadline {
                     lease.mark_lost();
                 } else {
-                    next = Some(next.map_or(deadline, |n| n.min(deadline)));
+                    let at = deadline - LOST_EARLY;
+                    next = Some(next.map_or(at, |n| n.min(at)));
                 }
             }
             next
@@ -216,10 +224,11 @@ impl EventLoop {
                 self.run_rounds();
                 continue;
             }
-            if stopping {
+            if stopping && self.later.is_empty() {
                 break;
             }
-            self.sleep();
+            // Stopping, only the retries of releases remain: they are waited for.
+            self.sleep(stopping);
         }
         // No handle is left, so no caller either: an acquire still waiting belongs to a
         // future dropped before its answer, and has nothing to release.
@@ -298,10 +307,13 @@ impl EventLoop {
                         attempts: attempts.max(1),
                         until,
                         due: now,
-                        ttl,
+                        // Whole milliseconds, as the nodes are sent (`PX`): the validity
+                        // arithmetic must not count the sub-millisecond rest.
+                        ttl: Duration::from_millis(ttl_ms),
                         ttl_ms,
                         lease,
                         last: None,
+                        final_answer: false,
                         subscribed: false,
                         heard: 0,
                     }),
@@ -322,6 +334,7 @@ impl EventLoop {
                     ttl_ms: 0,
                     lease: false,
                     last: None,
+                    final_answer: false,
                     subscribed: false,
                     heard: 0,
                 });
@@ -347,12 +360,22 @@ impl EventLoop {
                 continue;
             }
             let mut a = self.waiting.swap_remove(i);
+            if is_abandoned(&a.call) {
+                // Its caller is gone: no more attempts (they would only take the key
+                // from live waiters, to release it again).
+                self.unsubscribe(&a);
+                continue;
+            }
+            // No attempt starts once `until` has passed: the call fails with the last
+            // attempt's error.
+            let expired = a.until.is_some_and(|u| now >= u) && a.made > 0;
             match a.last.take() {
-                Some(e) => {
+                Some(e) if a.final_answer || expired => {
                     self.unsubscribe(&a);
                     self.answer_acquire(a.call, Err(e));
                 }
-                None => {
+                last => {
+                    a.last = last;
                     a.heard = 0;
                     self.ready.push(a);
                 }
@@ -373,7 +396,7 @@ impl EventLoop {
             if e.lost {
                 continue;
             }
-            if now >= e.lock.deadline() {
+            if e.shared.state().lost || now + LOST_EARLY >= e.lock.deadline() {
                 e.lost = true;
                 e.shared.mark_lost();
                 continue;
@@ -419,16 +442,19 @@ impl EventLoop {
             .leases
             .iter()
             .filter(|e| !e.lost)
-            .flat_map(|e| [Some(e.next), Some(e.lock.deadline()), e.hold_until])
+            .flat_map(|e| {
+                let lost_at = e.lock.deadline().checked_sub(LOST_EARLY);
+                [Some(e.next), lost_at, e.hold_until]
+            })
             .flatten();
         waits.chain(leases).chain(self.notices.next_timer()).min()
     }
 
     /// Waits for a request, a timer, or a late reply.
-    fn sleep(&mut self) {
+    fn sleep(&mut self, stopping: bool) {
         {
             let mut q = self.inner.queue();
-            if !q.calls.is_empty() || !q.dropped.is_empty() || q.stopping {
+            if !q.calls.is_empty() || !q.dropped.is_empty() || (q.stopping && !stopping) {
                 return;
             }
             q.sleeping = true;
@@ -463,7 +489,7 @@ impl EventLoop {
                         let at = now + Duration::from_micros(fastrand::u64(0..1000));
                         if a.until.is_none_or(|u| at < u) {
                             a.due = at;
-                            a.last = None;
+                            a.final_answer = false;
                         }
                     }
                 }
@@ -494,7 +520,28 @@ impl EventLoop {
     fn run_acquires(&mut self) {
         // One round for the acquires of the first one's ttl (and kind); the rest wait
         // for the next pass, which comes at once.
-        let first = &self.ready[0];
+        // Rounds run before this one (releases, extends) took time: an acquire whose
+        // `until` has passed since it was found due starts no attempt; one whose caller
+        // is gone is dropped.
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.ready.len() {
+            let a = &self.ready[i];
+            let gone = is_abandoned(&a.call);
+            let expired = a.made > 0 && a.until.is_some_and(|u| now >= u);
+            if !gone && !expired {
+                i += 1;
+                continue;
+            }
+            let mut a = self.ready.swap_remove(i);
+            self.unsubscribe(&a);
+            if let (false, Some(e)) = (gone, a.last.take()) {
+                self.answer_acquire(a.call, Err(e));
+            }
+        }
+        let Some(first) = self.ready.first() else {
+            return;
+        };
         let (ttl_ms, multi) = (first.ttl_ms, is_lock_all(&first.call));
         if multi {
             let a = self.ready.swap_remove(0);
@@ -541,6 +588,7 @@ impl EventLoop {
                 Ok(t) => self.tokens.push(t),
                 Err(e) => {
                     for a in batch.drain(..) {
+                        self.unsubscribe(&a);
                         self.answer_acquire(a.call, Err(e.clone()));
                     }
                     return;
@@ -634,8 +682,12 @@ impl EventLoop {
                 }
                 a.due = until;
                 a.last = Some(e);
+                a.final_answer = true;
             }
-            _ => a.due = next,
+            _ => {
+                a.due = next;
+                a.last = Some(e);
+            }
         }
         self.subscribe(&mut a, now);
         self.waiting.push(a);
@@ -691,9 +743,12 @@ impl EventLoop {
             .filter(|e| !e.lost)
             .map(|e| e.lock.deadline())
             .min();
-        self.rl
-            .driver
-            .set_alarm(next.map(|at| (at, Arc::clone(&self.alarm))));
+        self.rl.driver.set_alarm(next.map(|at| {
+            (
+                at.checked_sub(LOST_EARLY).unwrap_or(at),
+                Arc::clone(&self.alarm),
+            )
+        }));
     }
 
     /// Extends every lease that is due: one round per ttl, every lease of it one
@@ -749,6 +804,14 @@ impl EventLoop {
         let now = Instant::now();
         for (slot, &i) in due.iter().enumerate() {
             let e = &mut self.leases[i];
+            // Reported lost meanwhile (the alarm rang inside the round): lost it stays,
+            // whatever the round says; never extended again.
+            if e.lost || e.shared.state().lost {
+                e.lost = true;
+                e.lock.add_written(written);
+                self.orphans.push(e.lock.duplicate());
+                continue;
+            }
             let decided = rl.round.decided_at(slot).unwrap_or(now);
             let decision = rl.round.decision(slot);
             // Succeeded or not, the extend may apply on these nodes: the release follows.
@@ -807,9 +870,10 @@ impl EventLoop {
 
     /// Every release asked for, and every orphan: plain locks in rounds of up to
     /// [`SHARED_BATCH`], locks over several resources or with a fence each by its own
-    /// script. A release that too few nodes answered is tried again (compare-and-delete
-    /// is idempotent) up to `retry_count` times, `node_timeout` apart, before its error
-    /// is answered: a burst that outran `node_timeout` should not leave keys behind.
+    /// script. A release that too few nodes answered is answered at once (bounded as the
+    /// direct client's), then tried again in the background (compare-and-delete is
+    /// idempotent) up to `retry_count` times, `node_timeout` apart: a burst that outran
+    /// `node_timeout` should not leave keys behind until their ttl.
     fn run_releases(&mut self) {
         let mut calls = std::mem::take(&mut self.unlocks);
         for call in calls.drain(..) {
@@ -870,10 +934,14 @@ impl EventLoop {
         if matches!(result, Err(Error::Unavailable(_)))
             && self.made[i] <= self.rl.settings.retry_count
         {
+            // The caller has its answer now, bounded as the direct client's is; the
+            // delete is tried again in the background.
+            if let Some(call) = self.owners[i].take() {
+                call.answer(result.map(Done::Released));
+            }
             let lock = self.locks[i].duplicate();
             let due = Instant::now() + self.rl.settings.node_timeout;
-            self.later
-                .push((due, self.owners[i].take(), lock, self.made[i]));
+            self.later.push((due, None, lock, self.made[i]));
             return;
         }
         if let Some(call) = self.owners[i].take() {
@@ -894,8 +962,37 @@ impl EventLoop {
     }
 }
 
+fn is_abandoned(call: &Call) -> bool {
+    call.lock().abandoned
+}
+
 fn is_lock_all(call: &Call) -> bool {
     call.lock().op == Op::LockAll
+}
+
+impl Drop for EventLoop {
+    /// Normally everything is answered by now; after a panic in the loop, every request
+    /// it held is answered with an error and every lease reported lost, so that no
+    /// caller waits forever.
+    fn drop(&mut self) {
+        let acquires = self
+            .waiting
+            .drain(..)
+            .chain(self.ready.drain(..))
+            .chain(self.batch.drain(..));
+        for a in acquires {
+            a.call.answer(Err(loop_gone()));
+        }
+        for call in self.extends.drain(..).chain(self.unlocks.drain(..)) {
+            call.answer(Err(loop_gone()));
+        }
+        for call in self.owners.drain(..).flatten() {
+            call.answer(Err(loop_gone()));
+        }
+        for e in &self.leases {
+            e.shared.mark_lost();
+        }
+    }
 }
 
 /// Marks the loop ended when it stops, normally or by a panic, and answers what is left

@@ -39,8 +39,10 @@ pub(crate) struct LeaseState {
     /// Lost for good (a majority said the key is gone or someone else's, the deadline
     /// passed, or the maximum hold was reached).
     pub lost: bool,
-    /// Tasks waiting in [`Lease::lost`].
-    wakers: Vec<Waker>,
+    /// Tasks waiting in [`Lease::lost`], by the id of their future (removed when it is
+    /// dropped, so a task that polls `lost()` in a loop does not grow the list).
+    wakers: Vec<(u64, Waker)>,
+    next_id: u64,
 }
 
 impl LeaseShared {
@@ -52,6 +54,7 @@ impl LeaseShared {
                 deadline,
                 lost: false,
                 wakers: Vec::new(),
+                next_id: 0,
             }),
             changed: Condvar::new(),
         })
@@ -77,8 +80,8 @@ impl LeaseShared {
             std::mem::take(&mut s.wakers)
         };
         self.changed.notify_all();
-        for w in wakers {
-            w.wake();
+        for (_, w) in wakers {
+            super::call::wake(w);
         }
     }
 
@@ -176,7 +179,10 @@ impl Lease {
     /// # }
     /// ```
     pub fn lost(&self) -> Lost<'_> {
-        Lost { lease: self }
+        Lost {
+            lease: self,
+            id: None,
+        }
     }
 
     /// Blocks until the lease is lost or `timeout` has passed; true if it was lost.
@@ -234,20 +240,43 @@ impl Drop for Lease {
 #[must_use = "futures do nothing unless awaited"]
 pub struct Lost<'a> {
     lease: &'a Lease,
+    /// Its entry among the lease's wakers, once polled.
+    id: Option<u64>,
 }
 
 impl Future for Lost<'_> {
     type Output = ();
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let mut s = self.lease.shared.state();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let shared = Arc::clone(&self.lease.shared);
+        let mut s = shared.state();
         if s.is_lost(Instant::now()) {
             return Poll::Ready(());
         }
-        // The loop marks the lease lost at its deadline at the latest, and wakes these.
-        if !s.wakers.iter().any(|w| w.will_wake(cx.waker())) {
-            s.wakers.push(cx.waker().clone());
+        // The loop marks the lease lost by its deadline, and wakes these.
+        match self.id {
+            Some(id) => {
+                if let Some((_, w)) = s.wakers.iter_mut().find(|(i, _)| *i == id) {
+                    if !w.will_wake(cx.waker()) {
+                        *w = cx.waker().clone();
+                    }
+                }
+            }
+            None => {
+                let id = s.next_id;
+                s.next_id += 1;
+                s.wakers.push((id, cx.waker().clone()));
+                self.id = Some(id);
+            }
         }
         Poll::Pending
+    }
+}
+
+impl Drop for Lost<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            self.lease.shared.state().wakers.retain(|(i, _)| *i != id);
+        }
     }
 }

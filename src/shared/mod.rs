@@ -32,6 +32,7 @@ mod notices;
 use crate::config::Settings;
 use crate::error::{Error, OsError};
 use crate::lock::Lock;
+use crate::redlock::ttl_millis;
 use call::{Call, Done, Op};
 use lease::LeaseShared;
 use std::cell::RefCell;
@@ -354,10 +355,25 @@ impl SharedRedlock {
     /// deadline on failure).
     ///
     /// [`Redlock::extend`]: crate::Redlock::extend
+    ///
+    /// Dropping the future before it completes leaves the lock's deadline at the earliest
+    /// the extend could have set it (`start + ttl − drift` from the moment it was queued,
+    /// when that is earlier): it may have been applied on the nodes.
     pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
         let copy = lock.duplicate();
+        let mut guard = ExtendGuard {
+            earliest: ttl_millis(ttl).ok().map(|ms| {
+                let now = Instant::now();
+                let whole = Duration::from_millis(ms);
+                crate::core::quorum::deadline(now, whole, self.settings().drift_factor)
+                    .unwrap_or(now)
+            }),
+            lock,
+            done: false,
+        };
         let done = self.run(|r| fill_extend(r, copy, ttl)).await;
-        extended(done, lock)
+        guard.done = true;
+        extended(done, guard.lock)
     }
 
     /// [`SharedRedlock::extend`], blocking the calling thread.
@@ -552,6 +568,24 @@ fn released(done: Result<Done, Error>) -> Result<usize, Error> {
     match done? {
         Done::Released(n) => Ok(n),
         _ => Err(mismatched()),
+    }
+}
+
+/// Shortens a lock whose extend future was dropped unanswered: the extend may have
+/// reached the nodes, and a shorter ttl there would end the lock sooner.
+struct ExtendGuard<'a> {
+    lock: &'a mut Lock,
+    /// `start + ttl − drift` of the extend, from before it was queued (now when drift eats
+    /// the whole ttl); `None` for a ttl that is refused, so nothing is sent.
+    earliest: Option<Instant>,
+    done: bool,
+}
+
+impl Drop for ExtendGuard<'_> {
+    fn drop(&mut self) {
+        if let (false, Some(earliest)) = (self.done, self.earliest) {
+            self.lock.shorten(earliest);
+        }
     }
 }
 

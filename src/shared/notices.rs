@@ -14,7 +14,8 @@
 //! - A connection is opened only while the node's subscriber wants at least one key; it
 //!   is kept open afterwards (a later waiter then finds it subscribed at once).
 //! - A node that failed is not reconnected before its backoff has passed (doubling, up
-//!   to `max_backoff`), so a dead node costs one connect attempt per backoff.
+//!   to `max_backoff`, and forgiven only once the node has answered all it was asked), so
+//!   a dead or refusing node costs one connect attempt per backoff.
 
 use crate::config::Settings;
 use crate::core::engine::{Received, Transport};
@@ -139,7 +140,6 @@ impl Notices {
                 Ok(true) => {
                     self.subs[node].opened();
                     self.links[node] = Link::Open;
-                    self.backoff[node] = Duration::ZERO;
                 }
                 Ok(false) => return,
                 Err(_) => return self.fail(node, now),
@@ -171,6 +171,12 @@ impl Notices {
             };
             if !self.drain(node, heard) {
                 return self.fail(node, now);
+            }
+            // The backoff is forgiven only once the node has answered everything asked
+            // (AUTH, the subscriptions): one that accepts connections and then refuses
+            // them is not reconnected every few milliseconds.
+            if !self.subs[node].owes() {
+                self.backoff[node] = Duration::ZERO;
             }
             if closed {
                 return;
