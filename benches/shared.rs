@@ -1274,7 +1274,8 @@ fn handoff(cfg: &Config, urls: &[String]) {
             .expect("shared client")
     };
     let direct = || Redlock::builder().nodes(urls).build().expect("client");
-    let rows: Vec<(&str, Box<dyn Taker>, Box<dyn Taker>, &str)> = vec![
+    type Row = (&'static str, Box<dyn Taker>, Box<dyn Taker>, &'static str);
+    let rows: Vec<Row> = vec![
         (
             "`SharedRedlock::blocking_lock_within`, woken by the release notice",
             Box::new(NoticeTaker(shared())),
