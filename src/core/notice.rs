@@ -74,8 +74,8 @@ pub struct Notice<'a> {
     pub key: &'a [u8],
 }
 
-/// One node's subscriber connection: the wanted keys, the handshake, the buffers.
-#[derive(Debug)]
+/// One node's subscriber connection: the wanted keys, the handshake, the buffers. (Not
+/// `Debug`: it holds the password.)
 pub struct Subscriber {
     login: Login,
     /// The bounds the decoder applies (see the module's invariants).
@@ -100,7 +100,8 @@ pub struct Subscriber {
     heard: bool,
 }
 
-/// The replies a node owes its subscriber connection, in the order they will come.
+/// The replies a node owes its subscriber connection, by kind (the `AUTH` answer comes
+/// first; the others interleave as their commands were queued).
 #[derive(Clone, Copy, Debug, Default)]
 struct Owed {
     /// The `AUTH` answer: it is the next reply.
@@ -670,6 +671,7 @@ mod tests {
         assert_eq!(drain(&mut s).unwrap(), Vec::<Vec<u8>>::new());
         assert!(!s.owes());
         // One at a time.
+        written(&mut s);
         s.ping();
         s.ping();
         assert_eq!(written(&mut s), cmd(&[b"PING"]));
