@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A bounded fuzz session of every fuzz target (the RESP2 codec's three and `session`, one
-# node's protocol state machine), for CI or by hand.
+# A bounded fuzz session of every fuzz target (the RESP2 codec's three, `session`, one
+# node's protocol state machine, and `notice`, one subscriber connection's), for CI or by
+# hand.
 #
 #   fuzz/run.sh [SECONDS]     (default 30 seconds per target)
 #
@@ -9,7 +10,8 @@
 # AddressSanitizer: quorumlock is `#![forbid(unsafe_code)]`, so ASan only watches std and
 # memchr there, and costs that target ~3x its speed (~35k instead of >100k executions/s).
 # `resp_split` and `resp_roundtrip` keep it, so memchr's SIMD code still runs under ASan;
-# so does `session`, whose outbox is a `bytes::BytesMut` (unsafe code inside `bytes`).
+# so do `session` and `notice`, whose outboxes are `bytes::BytesMut` (unsafe code inside
+# `bytes`).
 # Exits non-zero if a target finds a crash (the input is kept under
 # fuzz/artifacts/<target>/, which is git-ignored). If cargo-fuzz is missing and cannot be
 # installed, says so and exits 0.
@@ -23,7 +25,7 @@ case "$SECONDS_PER_TARGET" in
         ;;
 esac
 # target:sanitizer
-TARGETS=(resp_parse:none resp_split:address resp_roundtrip:address session:address)
+TARGETS=(resp_parse:none resp_split:address resp_roundtrip:address session:address notice:address)
 FUZZ_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$FUZZ_DIR"
 

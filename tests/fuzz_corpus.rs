@@ -1,13 +1,16 @@
 //! Replays the committed fuzz corpus (`fuzz/corpus/resp_parse/`, `fuzz/corpus/resp_split/`,
-//! `fuzz/corpus/resp_roundtrip/` and `fuzz/corpus/session/`) through the same check
-//! functions the fuzz targets run (`fuzz/src/checks.rs` and `fuzz/src/session.rs`), on the
-//! stable toolchain and without libFuzzer. Every directory under `fuzz/corpus/` must belong
+//! `fuzz/corpus/resp_roundtrip/`, `fuzz/corpus/session/` and `fuzz/corpus/notice/`)
+//! through the same check functions the fuzz targets run (`fuzz/src/checks.rs`,
+//! `fuzz/src/session.rs` and `fuzz/src/notice.rs`), on the stable toolchain and without
+//! libFuzzer. Every directory under `fuzz/corpus/` must belong
 //! to a target replayed here.
 //!
 //! `cargo test --test fuzz_corpus -- --nocapture` shows how many files were replayed.
 
 #[path = "../fuzz/src/checks.rs"]
 mod checks;
+#[path = "../fuzz/src/notice.rs"]
+mod notice;
 #[path = "../fuzz/src/session.rs"]
 mod session;
 
@@ -84,7 +87,13 @@ fn every_corpus_directory_is_replayed() {
     names.sort();
     assert_eq!(
         names,
-        ["resp_parse", "resp_roundtrip", "resp_split", "session"]
+        [
+            "notice",
+            "resp_parse",
+            "resp_roundtrip",
+            "resp_split",
+            "session"
+        ]
     );
 }
 
@@ -96,6 +105,11 @@ fn resp_roundtrip_corpus() {
 #[test]
 fn session_corpus() {
     replay("session", session::check_session);
+}
+
+#[test]
+fn notice_corpus() {
+    replay("notice", notice::check_notice);
 }
 
 /// Found by `resp_parse`: a lone `\n` inside a simple-string line. The whole reply

@@ -34,6 +34,7 @@
 //!   [`RELEASED_PREFIX`] + [`MAX_RESOURCE`] bytes, a payload at most that and
 //!   `Limits::max_bulk_len`, an array at most 3 elements, never nested; a status or error
 //!   line at most `Limits::max_line_len`.
+//! - At most one `PING` is owed at a time.
 //! - The outbox grows past `MAX_OUTBOX` only by the resubscription of a fresh connection
 //!   (bounded by the wanted set, which the caller bounds); a count change that would grow
 //!   it further is reported as [`NodeError::Backlog`] (the count is kept: the reconnect
@@ -73,8 +74,8 @@ pub struct Notice<'a> {
     pub key: &'a [u8],
 }
 
-/// One node's subscriber connection: the wanted keys, the handshake, the buffers.
-#[derive(Debug)]
+/// One node's subscriber connection: the wanted keys, the handshake, the buffers. (Not
+/// `Debug`: it holds the password.)
 pub struct Subscriber {
     login: Login,
     /// The bounds the decoder applies (see the module's invariants).
@@ -99,7 +100,8 @@ pub struct Subscriber {
     heard: bool,
 }
 
-/// The replies a node owes its subscriber connection, in the order they will come.
+/// The replies a node owes its subscriber connection, by kind (the `AUTH` answer comes
+/// first; the others interleave as their commands were queued).
 #[derive(Clone, Copy, Debug, Default)]
 struct Owed {
     /// The `AUTH` answer: it is the next reply.
@@ -189,9 +191,10 @@ impl Subscriber {
     }
 
     /// Queues a `PING`, whose answer proves the node alive (the caller times it with
-    /// [`Subscriber::owes`]). Only while open.
+    /// [`Subscriber::owes`]). Only while open, and one at a time: while an answer is owed
+    /// another proves nothing more (and the outbox stays bounded).
     pub fn ping(&mut self) {
-        if self.open {
+        if self.open && self.owed.pongs == 0 {
             command(&mut self.outbox, &[b"PING"]);
             self.owed.pongs += 1;
         }
@@ -287,6 +290,11 @@ impl Subscriber {
             bytes = &bytes[n..];
         }
         Ok(())
+    }
+
+    /// The size of the read buffer now: at most [`Subscriber::cap`].
+    pub fn buffer_size(&self) -> usize {
+        self.inbox.len()
     }
 
     /// The most the read buffer holds: one reply within the bounds, with its framing
@@ -662,6 +670,13 @@ mod tests {
         s.feed(b"*2\r\n$4\r\npong\r\n$0\r\n\r\n").unwrap();
         assert_eq!(drain(&mut s).unwrap(), Vec::<Vec<u8>>::new());
         assert!(!s.owes());
+        // One at a time.
+        written(&mut s);
+        s.ping();
+        s.ping();
+        assert_eq!(written(&mut s), cmd(&[b"PING"]));
+        s.feed(b"*2\r\n$4\r\npong\r\n$0\r\n\r\n").unwrap();
+        assert_eq!(drain(&mut s).unwrap(), Vec::<Vec<u8>>::new());
         // A PONG not owed is out of step.
         s.feed(b"+PONG\r\n").unwrap();
         assert!(matches!(
