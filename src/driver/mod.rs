@@ -45,6 +45,9 @@ pub(crate) struct Driver {
     events: Events,
     engine: Engine,
     net: Net,
+    /// The waits of a round, sliced once from `node_timeout` ([`WaitBudget::restarted`]
+    /// for each round).
+    budget: WaitBudget,
 }
 
 impl Driver {
@@ -73,6 +76,7 @@ impl Driver {
             poll,
             engine: Engine::new(logins, timing, now),
             net,
+            budget: WaitBudget::new(now, settings.node_timeout),
         };
         // Start connecting now, so the first call finds connections ready.
         driver.engine.maintain(&mut driver.net, now);
@@ -103,7 +107,7 @@ impl Driver {
         // Waits come from a budget that reads the clock only every few waits (see
         // `core::budget`); the clock is otherwise read only to stamp a decision, once per
         // batch of replies that made one.
-        let mut budget = WaitBudget::new(start, self.engine.timing().node_timeout);
+        let mut budget = self.budget.restarted(start);
         // A release is decided by a majority, but does not return while a delete it
         // wrote is still waiting in the process (a connection being reopened): nothing
         // else might flush it. Bounded, like the round, by `node_timeout`.
