@@ -236,6 +236,10 @@ pub struct Engine {
     /// narrowed by [`Engine::writes_pending`]. Empty in steady state, so that test is one
     /// compare.
     queued: u64,
+    /// The nodes the current round's command was handed to (those with [`Session::sent`]
+    /// set), as a [`chases`] mask: cleared when a round begins, a node's bit set wherever
+    /// its `sent` is.
+    written: u64,
 }
 
 impl Engine {
@@ -262,6 +266,7 @@ impl Engine {
             held: 0,
             hold_until: None,
             queued: 0,
+            written: 0,
         }
         .watching(now)
     }
@@ -487,6 +492,8 @@ impl Engine {
         let req = active.req;
         self.round_id += 1;
         self.round_start = Some(start);
+        // Every node's `sent` is set again below (or cleared, by `start_node`).
+        self.written = 0;
         if self.watch != 0 {
             // Uptime only grows: a node the guard held back may count from this round.
             self.refresh_watch(start);
@@ -543,6 +550,7 @@ impl Engine {
             if s.state == State::Ready && !s.suspect && !lagging && frame_ok && !hold {
                 s.may_resend = true;
                 s.sent = true;
+                self.written |= node_bit(node);
                 s.note_write(self.write_until);
                 let bytes = self.frames[(self.round_id & 1) as usize].bytes();
                 if let Err(e) = Self::send(t, s, &mut self.queued, node, bytes, expect, commands) {
@@ -707,6 +715,7 @@ impl Engine {
         }
         s.may_resend = true;
         s.sent = true;
+        self.written |= node_bit(node);
         s.note_write(self.write_until);
         if let Err(e) = self.send_round(t, node, active.req, now) {
             self.fail_conn(t, node, e, Some(active));
@@ -979,6 +988,7 @@ impl Engine {
             }
             s.may_resend = true;
             s.sent = true;
+            self.written |= node_bit(node);
             s.note_write(self.write_until);
             let expect = Expect {
                 round: self.round_id,
@@ -1184,6 +1194,7 @@ impl Engine {
                     if self.send_round(t, node, active.req, now).is_ok() {
                         let s = &mut self.sessions[node];
                         s.sent = true;
+                        self.written |= node_bit(node);
                         s.note_write(self.write_until);
                         break 'failed;
                     }
@@ -1291,12 +1302,17 @@ impl Engine {
     }
 
     /// The nodes the last round's command was handed to, as a [`chases`] mask.
+    #[inline]
     pub fn written(&self) -> u64 {
-        self.sessions
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.sent)
-            .fold(0, |mask, (i, _)| mask | node_bit(i))
+        debug_assert_eq!(
+            self.written,
+            self.sessions
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.sent)
+                .fold(0, |mask, (i, _)| mask | node_bit(i))
+        );
+        self.written
     }
 
     /// Sum of buffer capacities over all nodes (for tests of bounded memory).
