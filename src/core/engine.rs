@@ -802,10 +802,13 @@ impl Engine {
         node: usize,
         readable: bool,
         closed: bool,
-        active: Option<&mut Active<'_>>,
+        mut active: Option<&mut Active<'_>>,
     ) {
-        // The hot path: replies on an established connection with nothing queued.
+        // The hot path: replies on an established connection with nothing queued. The
+        // session is looked up once, for the read and for the votes it brings.
         if readable && !closed {
+            let fast = self.slow_votes & node_bit(node) == 0;
+            let round_id = self.round_id;
             if let Some(s) = self.sessions.get_mut(node) {
                 if s.state == State::Ready && !s.has_unsent() {
                     let buf = s.free_tail();
@@ -817,11 +820,20 @@ impl Engine {
                                 // A short read drained the socket: any later byte raises a
                                 // new edge. A full one may have left more behind.
                                 if n < free {
-                                    return self.dispatch_fresh(t, node, active);
+                                    let more = Self::votes_of(
+                                        s,
+                                        node,
+                                        fast,
+                                        round_id,
+                                        active.as_deref_mut(),
+                                    );
+                                    return self.dispatch_fresh(t, node, more, active);
                                 }
                             }
                             Ok(Received::Nothing) => {
-                                return self.dispatch_fresh(t, node, active);
+                                let more =
+                                    Self::votes_of(s, node, fast, round_id, active.as_deref_mut());
+                                return self.dispatch_fresh(t, node, more, active);
                             }
                             Ok(Received::Closed) => {
                                 return self.dispatch_then_close(t, node, active);
@@ -899,16 +911,18 @@ impl Engine {
         }
     }
 
-    /// [`Engine::dispatch`] right after a read on a ready connection: the common votes
-    /// are taken first, with nothing else in the way; the rest goes the general way.
+    /// [`Engine::dispatch`] right after a read on a ready connection, once the common
+    /// votes were taken ([`Engine::votes_of`]): `more` when input is left that needs the
+    /// general path.
     #[inline(always)]
     fn dispatch_fresh<T: Transport>(
         &mut self,
         t: &mut T,
         node: usize,
-        mut active: Option<&mut Active<'_>>,
+        more: bool,
+        active: Option<&mut Active<'_>>,
     ) {
-        if self.take_votes(node, active.as_deref_mut()) {
+        if more {
             self.dispatch(t, node, active);
         } else if self.held != 0 {
             self.send_held(t, active, None);
@@ -1015,26 +1029,47 @@ impl Engine {
     /// ([`Session::take_vote`]) and counts them; true when input is left that needs the
     /// general path.
     #[inline(always)]
-    fn take_votes(&mut self, node: usize, mut active: Option<&mut Active<'_>>) -> bool {
-        let round_id = self.round_id;
-        // A watched node's votes are screened on the general path.
+    fn take_votes(&mut self, node: usize, active: Option<&mut Active<'_>>) -> bool {
         let fast = self.slow_votes & node_bit(node) == 0;
-        let Some(s) = self.sessions.get_mut(node) else {
-            return false;
-        };
-        if fast {
-            while let Some((round, slot, yes)) = s.take_vote() {
-                // Votes count only in the round that is waiting for them; a late reply of
-                // an earlier round is read and dropped.
-                if round == round_id {
-                    if let Some(a) = active.as_deref_mut() {
-                        a.round.tally(node, slot as usize, yes);
-                    }
-                }
-                if !s.has_input() {
-                    return false;
+        let round_id = self.round_id;
+        match self.sessions.get_mut(node) {
+            Some(s) => Self::votes_of(s, node, fast, round_id, active),
+            None => false,
+        }
+    }
+
+    /// [`Engine::take_votes`] on `node`'s session `s`: with `fast` (the node's votes are
+    /// not screened: see `slow_votes`), takes the common votes at the front of its inbox
+    /// and counts those of round `round_id` in `active`; true when input is left that
+    /// needs the general path.
+    #[inline(always)]
+    fn votes_of(
+        s: &mut Session,
+        node: usize,
+        fast: bool,
+        round_id: u64,
+        mut active: Option<&mut Active<'_>>,
+    ) -> bool {
+        if !fast {
+            return s.has_input();
+        }
+        let mut taken = false;
+        while let Some((round, slot, yes)) = s.take_vote() {
+            taken = true;
+            // Votes count only in the round that is waiting for them; a late reply of
+            // an earlier round is read and dropped.
+            if round == round_id {
+                if let Some(a) = active.as_deref_mut() {
+                    a.round.tally(node, slot as usize, yes);
                 }
             }
+            if !s.has_input() {
+                break;
+            }
+        }
+        if taken {
+            // Once per batch rather than per reply: nothing reads it in between.
+            s.answered();
         }
         s.has_input()
     }
