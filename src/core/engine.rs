@@ -538,28 +538,26 @@ impl Engine {
             kind: req.expected(),
             sent_at: start,
         };
-        for node in 0..self.sessions.len() {
-            let s = &mut self.sessions[node];
-            // The common case inline: a healthy connection with nothing queued.
-            let lagging = s.pending.front().is_some_and(|_| {
-                let cutoff =
-                    *lag_cutoff.get_or_insert_with(|| start.checked_sub(self.timing.node_timeout));
-                s.is_lagging(cutoff) || s.rounds_behind(self.round_id) > MAX_ROUNDS_BEHIND
-            });
-            let frame_ok = req.phase != Phase::Extend || s.extend_script_known;
-            if s.state == State::Ready && !s.suspect && !lagging && frame_ok && !hold {
-                s.may_resend = true;
-                s.sent = true;
-                self.written |= node_bit(node);
-                s.note_write(self.write_until);
-                let bytes = self.frames[(self.round_id & 1) as usize].bytes();
-                if let Err(e) = Self::send(t, s, &mut self.queued, node, bytes, expect, commands) {
-                    self.fail_conn(t, node, e, Some(active));
-                }
+        // Node by node, in order: the common ones in passes of `send_common`, each node
+        // it stops at (one that is not simply ready, or whose write failed) here.
+        let mut node = 0;
+        while node < self.sessions.len() {
+            let stop = if hold {
+                Some((node, None))
             } else {
-                let cutoff = start.checked_sub(self.timing.node_timeout);
-                self.start_node(t, node, active, start, cutoff, hold);
+                self.send_common(t, node, req, expect, &mut lag_cutoff)
+            };
+            let Some((at, failed)) = stop else {
+                break;
+            };
+            match failed {
+                Some(e) => self.fail_conn(t, at, e, Some(active)),
+                None => {
+                    let cutoff = start.checked_sub(self.timing.node_timeout);
+                    self.start_node(t, at, active, start, cutoff, hold);
+                }
             }
+            node = at + 1;
         }
         if self.held != 0 {
             // Nothing to wait for if no node that takes part owes a delete.
@@ -568,6 +566,45 @@ impl Engine {
         if self.watch != 0 {
             self.fail_known_duplicates(active);
         }
+    }
+
+    /// Writes the round's command (`expect` its entry in each node's queue) to the nodes
+    /// from `from` on that take the common path: a healthy connection with nothing in the
+    /// way (ready, not suspect, not lagging, and for an extend, the script known). Stops
+    /// at the first node that does not, or whose write fails (with the error), and says
+    /// which: the caller handles it and goes on from the next. One pass in steady state,
+    /// with the frame's bytes and the round's constants held throughout.
+    #[inline(always)]
+    fn send_common<T: Transport>(
+        &mut self,
+        t: &mut T,
+        from: usize,
+        req: &Request<'_>,
+        expect: Expect,
+        lag_cutoff: &mut Option<Option<Instant>>,
+    ) -> Option<(usize, Option<NodeError>)> {
+        let bytes = self.frames[(self.round_id & 1) as usize].bytes();
+        let commands = req.commands();
+        let (round_id, write_until) = (self.round_id, self.write_until);
+        let (start, node_timeout) = (expect.sent_at, self.timing.node_timeout);
+        for (node, s) in self.sessions.iter_mut().enumerate().skip(from) {
+            let lagging = s.pending.front().is_some_and(|_| {
+                let cutoff = *lag_cutoff.get_or_insert_with(|| start.checked_sub(node_timeout));
+                s.is_lagging(cutoff) || s.rounds_behind(round_id) > MAX_ROUNDS_BEHIND
+            });
+            let frame_ok = req.phase != Phase::Extend || s.extend_script_known;
+            if s.state != State::Ready || s.suspect || lagging || !frame_ok {
+                return Some((node, None));
+            }
+            s.may_resend = true;
+            s.sent = true;
+            self.written |= node_bit(node);
+            s.note_write(write_until);
+            if let Err(e) = Self::send(t, s, &mut self.queued, node, bytes, expect, commands) {
+                return Some((node, Some(e)));
+            }
+        }
+        None
     }
 
     /// An endpoint known to reach the same server as an earlier one votes "failed" at
