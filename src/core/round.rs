@@ -25,7 +25,10 @@
 //!   caller calls with one clock reading after each batch of replies (and
 //!   [`Round::time_out`] stamps with the time it is given). A stamp is never earlier than
 //!   the replies that made the decision were read, which is the safe direction for a
-//!   lock's validity; until stamped, [`Round::decided_at`] is `None`.
+//!   lock's validity; until stamped, [`Round::decided_at`] is `None`. A release that a
+//!   majority answered is never stamped: the lock is free, and its time is read by no
+//!   one (only a release that failed reports how long it took), so its round costs no
+//!   clock reading.
 //!
 //! Changing a threshold here changes the mutual-exclusion guarantee; the tests at the
 //! bottom and `tests/sim.rs` pin them down.
@@ -325,7 +328,8 @@ impl Round {
         self.slots[slot].decision
     }
 
-    /// When `slot` was decided.
+    /// When `slot` was decided; `None` until stamped, and for a release that a majority
+    /// answered (see the module's rules).
     pub fn decided_at(&self, slot: usize) -> Option<Instant> {
         self.slots[slot].decided_at
     }
@@ -443,7 +447,9 @@ impl Round {
         }
         if let Some(d) = rule(self.phase, self.quorum, self.spare, s.tally) {
             s.decision = d;
-            self.unstamped.push(slot as u32);
+            if needs_stamp(self.phase, self.quorum, s.tally) {
+                self.unstamped.push(slot as u32);
+            }
             self.open -= 1;
         }
     }
@@ -505,7 +511,9 @@ impl Round {
         }
         if let Some(d) = rule(self.phase, self.quorum, self.spare, s.tally) {
             s.decision = d;
-            self.unstamped.push(slot as u32);
+            if needs_stamp(self.phase, self.quorum, s.tally) {
+                self.unstamped.push(slot as u32);
+            }
             self.open -= 1;
         }
     }
@@ -528,6 +536,13 @@ fn rule(phase: Option<Phase>, q: u32, spare: u32, t: Tally) -> Option<Decision> 
         _ if t.no + t.failed > spare => Some(Decision::Unavailable),
         _ => None,
     }
+}
+
+/// Whether a decision just taken on votes `t` is to be stamped with its time: every one
+/// but a release that a majority answered (see the module's rules).
+#[inline(always)]
+fn needs_stamp(phase: Option<Phase>, q: u32, t: Tally) -> bool {
+    phase != Some(Phase::Release) || t.yes + t.no < q
 }
 
 #[cfg(test)]
@@ -750,6 +765,35 @@ mod tests {
         r.tally(1, 0, false);
         assert!(r.has_unstamped());
         assert_eq!(r.decided_at(0), None);
+    }
+
+    /// A release that a majority answered needs no time (the lock is free): it is not
+    /// stamped, and the caller reads no clock for it. One that failed is stamped.
+    #[test]
+    fn a_release_a_majority_answered_is_not_stamped() {
+        let (mut r, t) = round(Phase::Release, 5);
+        r.tally(0, 0, true);
+        r.tally(1, 0, false);
+        r.tally(2, 0, true);
+        assert_eq!(r.decision(0), Decision::Done);
+        assert!(!r.has_unstamped());
+        r.stamp(t);
+        assert_eq!(r.decided_at(0), None);
+        let (mut r, t) = round(Phase::Release, 5);
+        r.tally(0, 0, true);
+        for node in 1..4 {
+            r.record(node, 0, Outcome::NoReply);
+        }
+        assert_eq!((r.decision(0), r.answered(0)), (Decision::Done, 1));
+        assert!(r.has_unstamped());
+        r.stamp(t);
+        assert_eq!(r.decided_at(0), Some(t));
+        // An acquire is always stamped.
+        let (mut r, _) = round(Phase::Acquire, 5);
+        for node in 0..3 {
+            r.tally(node, 0, true);
+        }
+        assert!(r.has_unstamped());
     }
 
     /// Every byte string of up to 6 bytes over the alphabet replies are made of, plus
