@@ -82,7 +82,12 @@ impl Tail {
         }
         if matches!(phase, Phase::Acquire | Phase::Extend) {
             let n = digits(ttl_ms);
-            w.decimal(n as u64, digits(n as u64));
+            // The ttl's digit count, itself one digit or two (a u64 has at most 20).
+            if n < 10 {
+                w.put(&[b'0' + n as u8]);
+            } else {
+                w.put(&[b'0' + (n / 10) as u8, b'0' + (n % 10) as u8]);
+            }
             w.put(b"\r\n");
             w.decimal(ttl_ms, n);
             w.put(b"\r\n");

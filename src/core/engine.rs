@@ -844,7 +844,8 @@ impl Engine {
         // The hot path: replies on an established connection with nothing queued. The
         // session is looked up once, for the read and for the votes it brings.
         if readable && !closed {
-            let fast = self.slow_votes & node_bit(node) == 0;
+            // Steady state watches no node: one test, no bit to compute.
+            let fast = self.slow_votes == 0 || !chases(self.slow_votes, node);
             let round_id = self.round_id;
             if let Some(s) = self.sessions.get_mut(node) {
                 if s.state == State::Ready && !s.has_unsent() {
