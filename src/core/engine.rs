@@ -136,10 +136,11 @@ impl Request<'_> {
     /// What a node's reply to this round's command answers.
     #[inline]
     fn expected(&self) -> Expected {
-        if self.phase == Phase::Acquire && self.fencing == Fencing::Read {
-            Expected::FencedAcquire
-        } else if self.plain() {
+        // The plain commands first: the common case takes one test.
+        if self.plain() {
             Expected::Command(self.phase)
+        } else if self.phase == Phase::Acquire && self.fencing == Fencing::Read {
+            Expected::FencedAcquire
         } else {
             Expected::Script(self.phase)
         }

@@ -233,10 +233,12 @@ impl Round {
             counter: None,
         };
         // Same shape as the last round (the common case): overwrite in place, which also
-        // clears the votes of nodes below 64.
-        if self.slots.len() == slots {
+        // clears the votes of nodes below 64. One slot is the most common of all.
+        if let ([only], 1) = (&mut self.slots[..], slots) {
+            *only = open;
+        } else if self.slots.len() == slots {
             // A plain loop: `fill` goes through a generic clone path that costs more than
-            // the one or few slots of a round.
+            // the few slots of a round.
             for slot in &mut self.slots {
                 *slot = open;
             }
@@ -244,12 +246,14 @@ impl Round {
             self.slots.clear();
             self.slots.resize(slots, open);
         }
-        let more = slots * (nodes.div_ceil(64).max(1) - 1);
-        if more != 0 || !self.more.is_empty() {
+        if nodes > 64 || !self.more.is_empty() {
             self.more.clear();
-            self.more.resize(more, Marks::default());
+            self.more
+                .resize(slots * (nodes.div_ceil(64).max(1) - 1), Marks::default());
         }
-        self.failures.clear();
+        if !self.failures.is_empty() {
+            self.failures.clear();
+        }
         // Room for every node to fail once without allocating: a lagging node in a
         // steady stream of rounds must not cost an allocation per round.
         if self.failures.capacity() < nodes {
