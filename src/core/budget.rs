@@ -59,16 +59,13 @@ impl WaitBudget {
         }
     }
 
-    /// The same budget, whole again, for a round that starts at `start`: a client's
+    /// Makes the budget whole again, for a round that starts at `start`: a client's
     /// rounds share one timeout, so the division into slices is done once, by
     /// [`WaitBudget::new`].
     #[inline]
-    pub fn restarted(&self, start: Instant) -> WaitBudget {
-        WaitBudget {
-            start,
-            left_ms: self.total_ms,
-            ..*self
-        }
+    pub fn restart(&mut self, start: Instant) {
+        self.start = start;
+        self.left_ms = self.total_ms;
     }
 
     /// The next wait, if the budget covers it without reading the clock.
@@ -222,7 +219,8 @@ mod tests {
         assert_eq!(budget.resync(start + Duration::from_millis(80)), None);
         // A restarted budget is a new one from its own start, whatever was spent.
         let later = start + Duration::from_secs(1);
-        let mut again = budget.restarted(later);
+        let mut again = budget;
+        again.restart(later);
         let mut fresh = WaitBudget::new(later, Duration::from_millis(80));
         for _ in 0..9 {
             assert_eq!(again.next_wait(), fresh.next_wait());
