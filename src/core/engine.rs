@@ -133,7 +133,8 @@ impl Request<'_> {
         !self.atomic && self.fencing == Fencing::Off && self.phase != Phase::Fence
     }
 
-    /// What a node's reply to this round's command answers.
+    /// What a node's reply to this round's command answers: [`Expected::Command`]
+    /// exactly when the round is [`Request::plain`].
     #[inline]
     fn expected(&self) -> Expected {
         // The plain commands first: the common case takes one test.
@@ -507,11 +508,13 @@ impl Engine {
         active.round.begin(req.phase, self.sessions.len(), commands);
         let frame = &mut self.frames[(self.round_id & 1) as usize];
         frame.clear();
+        // What the replies answer; plain commands exactly when `req.plain()`.
+        let kind = req.expected();
         match Command::new(req.phase, req.ttl_ms, req.phase != Phase::Release) {
             // An unlock returns at a majority and may never read the other replies, so a
             // `NOSCRIPT` there would go unanswered and leave the key: releases carry the
             // script itself. Extends use its digest once a connection has shown it cached.
-            Some(cmd) if req.plain() => {
+            Some(cmd) if matches!(kind, Expected::Command(_)) => {
                 for item in req.items {
                     frame.push(cmd, item.key, &item.token);
                 }
@@ -536,7 +539,7 @@ impl Engine {
         let expect = Expect {
             round: self.round_id,
             slot: 0,
-            kind: req.expected(),
+            kind,
             sent_at: start,
         };
         // Node by node, in order: the common ones in passes of `send_common`, each node
