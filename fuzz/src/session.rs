@@ -990,6 +990,9 @@ impl Harness {
                     "step {step}: take_vote() = {got:?}, owed {front:?}, the reply means {:?}",
                     meaning.answer
                 );
+                // The engine marks the node answered once per batch of votes; here,
+                // a batch of one.
+                self.s.answered();
                 let e = self.m.consume(meaning.used);
                 if e.kind == Expected::Command(Phase::Extend) {
                     self.m.extend_script_known = true;

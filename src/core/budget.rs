@@ -39,6 +39,8 @@ pub struct WaitBudget {
     slice_ms: u64,
     /// Whole milliseconds that may still be handed out without reading the clock.
     left_ms: u64,
+    /// `timeout` in whole milliseconds: what `left_ms` starts from.
+    total_ms: u64,
 }
 
 impl WaitBudget {
@@ -53,7 +55,17 @@ impl WaitBudget {
             slice: Duration::from_millis(slice_ms),
             slice_ms,
             left_ms: total_ms,
+            total_ms,
         }
+    }
+
+    /// Makes the budget whole again, for a round that starts at `start`: a client's
+    /// rounds share one timeout, so the division into slices is done once, by
+    /// [`WaitBudget::new`].
+    #[inline]
+    pub fn restart(&mut self, start: Instant) {
+        self.start = start;
+        self.left_ms = self.total_ms;
     }
 
     /// The next wait, if the budget covers it without reading the clock.
@@ -205,5 +217,17 @@ mod tests {
             Some(Duration::from_millis(5))
         );
         assert_eq!(budget.resync(start + Duration::from_millis(80)), None);
+        // A restarted budget is a new one from its own start, whatever was spent.
+        let later = start + Duration::from_secs(1);
+        let mut again = budget;
+        again.restart(later);
+        let mut fresh = WaitBudget::new(later, Duration::from_millis(80));
+        for _ in 0..9 {
+            assert_eq!(again.next_wait(), fresh.next_wait());
+        }
+        assert_eq!(
+            again.resync(later + Duration::from_millis(75)),
+            Some(Duration::from_millis(5))
+        );
     }
 }

@@ -2,10 +2,16 @@
 //!
 //! # Invariants
 //!
-//! - Every command's length is computed first, then its bytes are written into exactly
-//!   that much room: one bounds check per piece, no growth in the middle, and the fixed
-//!   parts are constant-size copies the compiler turns into a few stores. This is the
-//!   hot path of every round.
+//! - A [`Command`] carries everything that is the same for every key: its head is a
+//!   constant chosen by the operation, and its tail (what follows the token: `NX PX` and
+//!   the ttl, in decimal) is encoded once when the command is made. Encoding one key is
+//!   then a few constant-size copies the compiler turns into stores, the key's length in
+//!   decimal, and the key itself. This is the hot path of every round.
+//! - Every command's length is computed first (the command's fixed part, plus the key and
+//!   its length's digits), then its bytes are written into that room. The tail is copied
+//!   whole, at its fixed size ([`TAIL_ROOM`]): the buffer keeps that much slack past the
+//!   command's end, and what lands past it is not part of the output (the next command
+//!   overwrites it, or it is cut off).
 //! - [`Frame`] writes into a buffer that is never shrunk or zeroed between rounds, so in
 //!   steady state encoding neither allocates nor clears memory. The tests check every
 //!   command against the generic encoder byte for byte.
@@ -39,43 +45,98 @@ pub struct Command {
     /// A script by SHA (`EVALSHA`) when true, with the script itself (`EVAL`) when false;
     /// ignored for acquire.
     by_sha: bool,
+    // INVARIANT: tail == Tail::new(phase, ttl_ms), and fixed == the length of everything
+    // but the key and its length's digits; both follow from the fields above.
+    /// What follows the token, encoded once for every key the command is sent for.
+    tail: Tail,
+    /// Bytes of the command that do not depend on the key.
+    fixed: usize,
+}
+
+/// The bytes of a command after its token: the token's CRLF, then for `SET` its `NX PX`
+/// and the ttl as a bulk string, for an extend the ttl as a bulk string, for a release
+/// nothing more. Stored at a fixed size, so that writing it is a constant-size copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tail {
+    // INVARIANT: len <= TAIL_ROOM; only bytes[..len] is meaningful.
+    bytes: [u8; TAIL_ROOM],
+    len: usize,
+}
+
+/// Room for the longest tail: `\r\n$2\r\nNX\r\n$2\r\nPX\r\n$` (19 bytes), the ttl's digit
+/// count (2), CRLF, the ttl (at most 20 digits), CRLF: 45 bytes. Also the slack a buffer
+/// keeps past a command's end while the tail is written.
+pub const TAIL_ROOM: usize = 48;
+
+impl Tail {
+    fn new(phase: Phase, ttl_ms: u64) -> Tail {
+        let mut bytes = [0; TAIL_ROOM];
+        let mut w = Writer {
+            dst: &mut bytes,
+            at: 0,
+        };
+        match phase {
+            Phase::Acquire => w.put(TOKEN_END_NX_PX),
+            Phase::Extend => w.put(b"\r\n$"),
+            _ => w.put(b"\r\n"),
+        }
+        if matches!(phase, Phase::Acquire | Phase::Extend) {
+            let n = digits(ttl_ms);
+            // The ttl's digit count, itself one digit or two (a u64 has at most 20).
+            if n < 10 {
+                w.put(&[b'0' + n as u8]);
+            } else {
+                w.put(&[b'0' + (n / 10) as u8, b'0' + (n % 10) as u8]);
+            }
+            w.put(b"\r\n");
+            w.decimal(ttl_ms, n);
+            w.put(b"\r\n");
+        }
+        let len = w.at;
+        Tail { bytes, len }
+    }
 }
 
 impl Command {
+    /// The command for `phase`; everything but the key and the token encoded now.
+    #[inline]
+    fn make(phase: Phase, ttl_ms: u64, by_sha: bool) -> Command {
+        let tail = Tail::new(phase, ttl_ms);
+        let mut cmd = Command {
+            phase,
+            ttl_ms,
+            by_sha,
+            tail,
+            fixed: 0,
+        };
+        // The head, the CRLF after the key's length, the key's CRLF with the token's
+        // header, the token and the tail.
+        cmd.fixed = cmd.head().len() + 2 + KEY_END_TOKEN_HEAD.len() + 32 + tail.len;
+        cmd
+    }
+
     /// `SET key token NX PX ttl_ms`.
     #[inline]
-    pub const fn acquire(ttl_ms: u64) -> Command {
-        Command {
-            phase: Phase::Acquire,
-            ttl_ms,
-            by_sha: false,
-        }
+    pub fn acquire(ttl_ms: u64) -> Command {
+        Command::make(Phase::Acquire, ttl_ms, false)
     }
 
     /// Compare-and-pexpire to `ttl_ms`, by SHA or with the script.
     #[inline]
-    pub const fn extend(ttl_ms: u64, by_sha: bool) -> Command {
-        Command {
-            phase: Phase::Extend,
-            ttl_ms,
-            by_sha,
-        }
+    pub fn extend(ttl_ms: u64, by_sha: bool) -> Command {
+        Command::make(Phase::Extend, ttl_ms, by_sha)
     }
 
     /// Compare-and-delete, by SHA or with the script.
     #[inline]
-    pub const fn release(by_sha: bool) -> Command {
-        Command {
-            phase: Phase::Release,
-            ttl_ms: 0,
-            by_sha,
-        }
+    pub fn release(by_sha: bool) -> Command {
+        Command::make(Phase::Release, 0, by_sha)
     }
 
     /// `phase`'s command (`ttl_ms` is dropped for a release); `None` for the fence
     /// write-back, which is a script over several keys ([`eval_over`]).
     #[inline]
-    pub const fn new(phase: Phase, ttl_ms: u64, by_sha: bool) -> Option<Command> {
+    pub fn new(phase: Phase, ttl_ms: u64, by_sha: bool) -> Option<Command> {
         match phase {
             Phase::Acquire => Some(Command::acquire(ttl_ms)),
             Phase::Extend => Some(Command::extend(ttl_ms, by_sha)),
@@ -88,6 +149,48 @@ impl Command {
     #[inline]
     pub const fn phase(&self) -> Phase {
         self.phase
+    }
+
+    /// Everything up to the key's length: a constant per operation.
+    #[inline]
+    fn head(&self) -> &'static [u8] {
+        match (self.phase, self.by_sha) {
+            (Phase::Acquire, _) => SET_HEAD_KEY,
+            (Phase::Extend, true) => &EXTEND_SHA_HEAD_KEY,
+            (Phase::Extend, false) => &EXTEND_EVAL_HEAD_KEY,
+            (_, true) => &RELEASE_SHA_HEAD_KEY,
+            (_, false) => &RELEASE_EVAL_HEAD_KEY,
+        }
+    }
+
+    /// The encoded length for a key of `key_len` bytes, whose length has `key_digits`
+    /// decimal digits.
+    #[inline]
+    fn len(&self, key_len: usize, key_digits: usize) -> usize {
+        self.fixed + key_digits + key_len
+    }
+
+    /// Writes the command for `key` (whose length has `key_digits` digits) and `token`
+    /// at the start of `dst`, which holds at least its length plus [`TAIL_ROOM`].
+    #[inline(always)]
+    fn write(&self, dst: &mut [u8], key: &[u8], key_digits: usize, token: &Token) {
+        let mut w = Writer { dst, at: 0 };
+        // One constant-size copy per operation (the `match` keeps each one's size known).
+        match (self.phase, self.by_sha) {
+            (Phase::Acquire, _) => w.put(SET_HEAD_KEY),
+            (Phase::Extend, true) => w.put(&EXTEND_SHA_HEAD_KEY),
+            (Phase::Extend, false) => w.put(&EXTEND_EVAL_HEAD_KEY),
+            (_, true) => w.put(&RELEASE_SHA_HEAD_KEY),
+            (_, false) => w.put(&RELEASE_EVAL_HEAD_KEY),
+        }
+        w.decimal(key.len() as u64, key_digits);
+        w.put(b"\r\n");
+        w.put(key);
+        w.put(KEY_END_TOKEN_HEAD);
+        w.put(token.as_array());
+        // The whole room, at its fixed size: past `tail.len` it is slack (see the
+        // module's invariants).
+        w.put(&self.tail.bytes);
     }
 }
 
@@ -162,9 +265,11 @@ pub fn extend(out: &mut Vec<u8>, key: &[u8], token: &Token, ttl_ms: u64, by_sha:
 /// ```
 pub fn encode(out: &mut Vec<u8>, cmd: Command, key: &[u8], token: &Token) {
     let start = out.len();
-    let parts = Parts::new(cmd, key);
-    out.resize(start + parts.len, 0);
-    parts.write(&mut out[start..], key, token);
+    let key_digits = digits(key.len() as u64);
+    let len = cmd.len(key.len(), key_digits);
+    out.resize(start + len + TAIL_ROOM, 0);
+    cmd.write(&mut out[start..], key, key_digits, token);
+    out.truncate(start + len);
 }
 
 /// Commands encoded back to back into one buffer that keeps its size from round to round.
@@ -204,13 +309,15 @@ impl Frame {
     /// Appends one command.
     #[inline]
     pub fn push(&mut self, cmd: Command, key: &[u8], token: &Token) {
-        let parts = Parts::new(cmd, key);
-        let end = self.len + parts.len;
-        if end > self.buf.len() {
+        let key_digits = digits(key.len() as u64);
+        let end = self.len + cmd.len(key.len(), key_digits);
+        // The command, and the slack its tail is written with.
+        if end + TAIL_ROOM > self.buf.len() {
             // Grows only past the largest frame yet: steady state never gets here.
-            self.buf.resize(end.max(2 * self.buf.len()), 0);
+            self.buf
+                .resize((end + TAIL_ROOM).max(2 * self.buf.len()), 0);
         }
-        parts.write(&mut self.buf[self.len..end], key, token);
+        cmd.write(&mut self.buf[self.len..], key, key_digits, token);
         self.starts.push(self.len);
         self.len = end;
     }
@@ -327,16 +434,6 @@ pub fn eval_over<'k>(
     }
 }
 
-/// A command's variable parts and its exact encoded length.
-struct Parts {
-    cmd: Command,
-    key_digits: usize,
-    /// The ttl (0 for release) and its number of digits (0 for release).
-    ttl: u64,
-    ttl_digits: usize,
-    len: usize,
-}
-
 /// `SET`'s head and the `$` of the key's length.
 const SET_HEAD_KEY: &[u8; 14] = b"*6\r\n$3\r\nSET\r\n$";
 /// After the token of a `SET`: its CRLF, `NX`, `PX` and the `$` of the ttl's length.
@@ -357,12 +454,22 @@ const fn sha_head(args: u8, sha: &[u8; 40]) -> [u8; 72] {
     out
 }
 
-/// `*5\r\n$4\r\nEVAL\r\n$<n>\r\n<release script>\r\n$1\r\n1\r\n$`, built at compile time:
+/// `*5 EVAL <release script> 1` and the `$` of the key's length, built at compile time:
 /// every unlock sends the script itself, so its head is one copy, like the digests'.
-const RELEASE_EVAL_HEAD_KEY: [u8; RELEASE_EVAL_HEAD_LEN] = {
-    let body = script::RELEASE;
-    let mut out = [0u8; RELEASE_EVAL_HEAD_LEN];
-    let mut at = copy_into(&mut out, 0, b"*5\r\n");
+const RELEASE_EVAL_HEAD_KEY: [u8; eval_head_len(script::RELEASE)] =
+    eval_head(b'5', script::RELEASE);
+/// `*6 EVAL <extend script> 1` and the `$` of the key's length.
+const EXTEND_EVAL_HEAD_KEY: [u8; eval_head_len(script::EXTEND)] = eval_head(b'6', script::EXTEND);
+
+/// The length of `*<args>\r\n$4\r\nEVAL\r\n$<n>\r\n<body>\r\n$1\r\n1\r\n$`.
+const fn eval_head_len(body: &[u8]) -> usize {
+    4 + EVAL_HEAD.len() + 1 + const_digits(body.len()) + 2 + body.len() + ONE_KEY.len() + 1
+}
+
+/// `*<args>\r\n$4\r\nEVAL\r\n$<n>\r\n<body>\r\n$1\r\n1\r\n$`, built at compile time.
+const fn eval_head<const N: usize>(args: u8, body: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut at = copy_into(&mut out, 0, &[b'*', args, b'\r', b'\n']);
     at = copy_into(&mut out, at, EVAL_HEAD);
     at = copy_into(&mut out, at, b"$");
     // The script's length, in decimal.
@@ -378,17 +485,10 @@ const RELEASE_EVAL_HEAD_KEY: [u8; RELEASE_EVAL_HEAD_LEN] = {
     at = copy_into(&mut out, at, b"\r\n");
     at = copy_into(&mut out, at, body);
     at = copy_into(&mut out, at, ONE_KEY);
-    copy_into(&mut out, at, b"$");
+    at = copy_into(&mut out, at, b"$");
+    assert!(at == N, "eval_head: N is not eval_head_len(body)");
     out
-};
-const RELEASE_EVAL_HEAD_LEN: usize = 4
-    + EVAL_HEAD.len()
-    + 1
-    + const_digits(script::RELEASE.len())
-    + 2
-    + script::RELEASE.len()
-    + ONE_KEY.len()
-    + 1;
+}
 
 const fn const_digits(mut v: usize) -> usize {
     let mut n = 1;
@@ -413,102 +513,28 @@ const ONE_KEY: &[u8; 9] = b"\r\n$1\r\n1\r\n";
 /// What follows the key: its CRLF, then the token's header.
 const KEY_END_TOKEN_HEAD: &[u8; 7] = b"\r\n$32\r\n";
 
-impl Parts {
-    #[inline]
-    fn new(cmd: Command, key: &[u8]) -> Parts {
-        let key_digits = digits(key.len() as u64);
-        let (ttl, ttl_digits) = match cmd.phase {
-            Phase::Acquire | Phase::Extend => (cmd.ttl_ms, digits(cmd.ttl_ms)),
-            _ => (0, 0),
-        };
-        // The same pieces `write` puts, in the same order.
-        let head = match (cmd.phase, cmd.by_sha) {
-            (Phase::Acquire, _) => SET_HEAD_KEY.len(),
-            (Phase::Extend, true) => EXTEND_SHA_HEAD_KEY.len(),
-            (_, true) => RELEASE_SHA_HEAD_KEY.len(),
-            (_, false) => 4 + script_len(false, script_of(cmd)) + ONE_KEY.len() + 1,
-        };
-        let key_and_token = key_digits + 2 + key.len() + KEY_END_TOKEN_HEAD.len() + 32;
-        let after_token = match cmd.phase {
-            Phase::Acquire => TOKEN_END_NX_PX.len(),
-            Phase::Extend => 3,
-            _ => 2,
-        };
-        let ttl_part = if ttl_digits > 0 {
-            digits(ttl_digits as u64) + 2 + ttl_digits + 2
-        } else {
-            0
-        };
-        let tail = after_token + ttl_part;
-        Parts {
-            cmd,
-            key_digits,
-            ttl,
-            ttl_digits,
-            len: head + key_and_token + tail,
-        }
-    }
-
-    /// Writes the command into `dst`, which is exactly `self.len` long.
-    #[inline]
-    fn write(&self, dst: &mut [u8], key: &[u8], token: &Token) {
-        let mut w = Writer { dst, at: 0 };
-        // Everything up to the key's length is fixed for SET and for EVALSHA: one copy.
-        match (self.cmd.phase, self.cmd.by_sha) {
-            (Phase::Acquire, _) => w.put(SET_HEAD_KEY),
-            (Phase::Extend, true) => w.put(&EXTEND_SHA_HEAD_KEY),
-            (Phase::Extend, false) => {
-                w.put(b"*6\r\n");
-                w.script(false, script::EXTEND, script::EXTEND_SHA);
-                w.put(b"$");
-            }
-            (_, true) => w.put(&RELEASE_SHA_HEAD_KEY),
-            (_, false) => w.put(&RELEASE_EVAL_HEAD_KEY),
-        }
-        w.decimal(key.len() as u64, self.key_digits);
-        w.put(b"\r\n");
-        w.put(key);
-        w.put(KEY_END_TOKEN_HEAD);
-        w.put(token.as_array());
-        match self.cmd.phase {
-            Phase::Acquire => w.put(TOKEN_END_NX_PX),
-            Phase::Extend => w.put(b"\r\n$"),
-            _ => w.put(b"\r\n"),
-        }
-        if self.ttl_digits > 0 {
-            let n = self.ttl_digits as u64;
-            w.decimal(n, digits(n));
-            w.put(b"\r\n");
-            w.decimal(self.ttl, self.ttl_digits);
-            w.put(b"\r\n");
-        }
-        debug_assert_eq!(w.at, w.dst.len());
-    }
-}
-
-fn script_of(cmd: Command) -> &'static [u8] {
-    match cmd.phase {
-        Phase::Extend => script::EXTEND,
-        _ => script::RELEASE,
-    }
-}
-
-/// Length of `EVALSHA sha` or `EVAL script` as two bulk strings.
-fn script_len(by_sha: bool, body: &[u8]) -> usize {
-    if by_sha {
-        EVALSHA_HEAD.len() + 40
-    } else {
-        EVAL_HEAD.len() + 1 + digits(body.len() as u64) + 2 + body.len()
-    }
-}
-
-/// Number of decimal digits of `v` (1 for 0). No division: the standard library's
-/// `ilog10` is a few multiplies and masks, and (unlike a chain of range compares, which
-/// the compiler turns into conditional moves that also evaluate the fallback) costs the
-/// same for every value.
+/// Number of decimal digits of `v` (1 for 0), without a division or a loop: the bit
+/// length gives the digit count to within one (`log10(2) ≈ 1233 / 4096`), and one compare
+/// with a power of ten settles it. (The standard library's `ilog10` takes a few times as
+/// many instructions; a chain of range compares becomes conditional moves that evaluate
+/// every step.) The tests check it against `ilog10` at every power of two and of ten.
 #[inline]
 fn digits(v: u64) -> usize {
-    (v | 1).ilog10() as usize + 1
+    const POW10: [u64; 20] = {
+        let mut p = [1u64; 20];
+        let mut i = 1;
+        while i < 20 {
+            p[i] = p[i - 1] * 10;
+            i += 1;
+        }
+        p
+    };
+    // 0 has the digits of 1. Bits in `v`, and an estimate of its digit count less one
+    // (0..=19), exact or one too many.
+    let v = v | 1;
+    let bits = 64 - v.leading_zeros() as usize;
+    let guess = (bits * 1233) >> 12;
+    guess + 1 - usize::from(v < POW10[guess])
 }
 
 /// Bytes written front to back into a slice sized for them.
@@ -549,22 +575,6 @@ impl Writer<'_> {
             out[0] = b'0' + v as u8;
         }
         self.at = end;
-    }
-
-    #[inline]
-    fn script(&mut self, by_sha: bool, body: &[u8], sha: &[u8; 40]) {
-        if by_sha {
-            self.put(EVALSHA_HEAD);
-            self.put(sha);
-        } else {
-            self.put(EVAL_HEAD);
-            self.put(b"$");
-            let n = body.len() as u64;
-            self.decimal(n, digits(n));
-            self.put(b"\r\n");
-            self.put(body);
-        }
-        self.put(ONE_KEY);
     }
 }
 
@@ -703,6 +713,25 @@ mod tests {
             }
             assert_eq!(&frame.bytes()[..before.len()], &before[..]);
             assert_eq!(&frame.bytes()[before.len()..], &expected_tail[..]);
+        }
+    }
+
+    #[test]
+    fn digits_counts_every_decimal_digit() {
+        let mut values = vec![0, 1, 9, 10, 11, 99, 100, u64::MAX - 1, u64::MAX];
+        for k in 0..64 {
+            values.extend([(1u64 << k) - 1, 1 << k, (1 << k) + 1]);
+        }
+        let mut p = 1u64;
+        while let Some(next) = p.checked_mul(10) {
+            values.extend([p - 1, p, p + 1, next - 1]);
+            p = next;
+        }
+        values.extend([p - 1, p, p + 1]);
+        let mut rng = fastrand::Rng::with_seed(3);
+        values.extend((0..100_000).map(|_| rng.u64(..) >> rng.u32(..64)));
+        for v in values {
+            assert_eq!(digits(v), v.to_string().len(), "{v}");
         }
     }
 

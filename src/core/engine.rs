@@ -133,13 +133,15 @@ impl Request<'_> {
         !self.atomic && self.fencing == Fencing::Off && self.phase != Phase::Fence
     }
 
-    /// What a node's reply to this round's command answers.
+    /// What a node's reply to this round's command answers: [`Expected::Command`]
+    /// exactly when the round is [`Request::plain`].
     #[inline]
     fn expected(&self) -> Expected {
-        if self.phase == Phase::Acquire && self.fencing == Fencing::Read {
-            Expected::FencedAcquire
-        } else if self.plain() {
+        // The plain commands first: the common case takes one test.
+        if self.plain() {
             Expected::Command(self.phase)
+        } else if self.phase == Phase::Acquire && self.fencing == Fencing::Read {
+            Expected::FencedAcquire
         } else {
             Expected::Script(self.phase)
         }
@@ -236,6 +238,10 @@ pub struct Engine {
     /// narrowed by [`Engine::writes_pending`]. Empty in steady state, so that test is one
     /// compare.
     queued: u64,
+    /// The nodes the current round's command was handed to (those with [`Session::sent`]
+    /// set), as a [`chases`] mask: cleared when a round begins, a node's bit set wherever
+    /// its `sent` is.
+    written: u64,
 }
 
 impl Engine {
@@ -262,6 +268,7 @@ impl Engine {
             held: 0,
             hold_until: None,
             queued: 0,
+            written: 0,
         }
         .watching(now)
     }
@@ -487,6 +494,8 @@ impl Engine {
         let req = active.req;
         self.round_id += 1;
         self.round_start = Some(start);
+        // Every node's `sent` is set again below (or cleared, by `start_node`).
+        self.written = 0;
         if self.watch != 0 {
             // Uptime only grows: a node the guard held back may count from this round.
             self.refresh_watch(start);
@@ -499,11 +508,13 @@ impl Engine {
         active.round.begin(req.phase, self.sessions.len(), commands);
         let frame = &mut self.frames[(self.round_id & 1) as usize];
         frame.clear();
+        // What the replies answer; plain commands exactly when `req.plain()`.
+        let kind = req.expected();
         match Command::new(req.phase, req.ttl_ms, req.phase != Phase::Release) {
             // An unlock returns at a majority and may never read the other replies, so a
             // `NOSCRIPT` there would go unanswered and leave the key: releases carry the
             // script itself. Extends use its digest once a connection has shown it cached.
-            Some(cmd) if req.plain() => {
+            Some(cmd) if matches!(kind, Expected::Command(_)) => {
                 for item in req.items {
                     frame.push(cmd, item.key, &item.token);
                 }
@@ -528,30 +539,29 @@ impl Engine {
         let expect = Expect {
             round: self.round_id,
             slot: 0,
-            kind: req.expected(),
+            kind,
             sent_at: start,
         };
-        for node in 0..self.sessions.len() {
-            let s = &mut self.sessions[node];
-            // The common case inline: a healthy connection with nothing queued.
-            let lagging = s.pending.front().is_some_and(|_| {
-                let cutoff =
-                    *lag_cutoff.get_or_insert_with(|| start.checked_sub(self.timing.node_timeout));
-                s.is_lagging(cutoff) || s.rounds_behind(self.round_id) > MAX_ROUNDS_BEHIND
-            });
-            let frame_ok = req.phase != Phase::Extend || s.extend_script_known;
-            if s.state == State::Ready && !s.suspect && !lagging && frame_ok && !hold {
-                s.may_resend = true;
-                s.sent = true;
-                s.note_write(self.write_until);
-                let bytes = self.frames[(self.round_id & 1) as usize].bytes();
-                if let Err(e) = Self::send(t, s, &mut self.queued, node, bytes, expect, commands) {
-                    self.fail_conn(t, node, e, Some(active));
-                }
+        // Node by node, in order: the common ones in passes of `send_common`, each node
+        // it stops at (one that is not simply ready, or whose write failed) here.
+        let mut node = 0;
+        while node < self.sessions.len() {
+            let stop = if hold {
+                Some((node, None))
             } else {
-                let cutoff = start.checked_sub(self.timing.node_timeout);
-                self.start_node(t, node, active, start, cutoff, hold);
+                self.send_common(t, node, req, expect, &mut lag_cutoff)
+            };
+            let Some((at, failed)) = stop else {
+                break;
+            };
+            match failed {
+                Some(e) => self.fail_conn(t, at, e, Some(active)),
+                None => {
+                    let cutoff = start.checked_sub(self.timing.node_timeout);
+                    self.start_node(t, at, active, start, cutoff, hold);
+                }
             }
+            node = at + 1;
         }
         if self.held != 0 {
             // Nothing to wait for if no node that takes part owes a delete.
@@ -560,6 +570,45 @@ impl Engine {
         if self.watch != 0 {
             self.fail_known_duplicates(active);
         }
+    }
+
+    /// Writes the round's command (`expect` its entry in each node's queue) to the nodes
+    /// from `from` on that take the common path: a healthy connection with nothing in the
+    /// way (ready, not suspect, not lagging, and for an extend, the script known). Stops
+    /// at the first node that does not, or whose write fails (with the error), and says
+    /// which: the caller handles it and goes on from the next. One pass in steady state,
+    /// with the frame's bytes and the round's constants held throughout.
+    #[inline(always)]
+    fn send_common<T: Transport>(
+        &mut self,
+        t: &mut T,
+        from: usize,
+        req: &Request<'_>,
+        expect: Expect,
+        lag_cutoff: &mut Option<Option<Instant>>,
+    ) -> Option<(usize, Option<NodeError>)> {
+        let bytes = self.frames[(self.round_id & 1) as usize].bytes();
+        let commands = req.commands();
+        let (round_id, write_until) = (self.round_id, self.write_until);
+        let (start, node_timeout) = (expect.sent_at, self.timing.node_timeout);
+        for (node, s) in self.sessions.iter_mut().enumerate().skip(from) {
+            let lagging = s.pending.front().is_some_and(|_| {
+                let cutoff = *lag_cutoff.get_or_insert_with(|| start.checked_sub(node_timeout));
+                s.is_lagging(cutoff) || s.rounds_behind(round_id) > MAX_ROUNDS_BEHIND
+            });
+            let frame_ok = req.phase != Phase::Extend || s.extend_script_known;
+            if s.state != State::Ready || s.suspect || lagging || !frame_ok {
+                return Some((node, None));
+            }
+            s.may_resend = true;
+            s.sent = true;
+            self.written |= node_bit(node);
+            s.note_write(write_until);
+            if let Err(e) = Self::send(t, s, &mut self.queued, node, bytes, expect, commands) {
+                return Some((node, Some(e)));
+            }
+        }
+        None
     }
 
     /// An endpoint known to reach the same server as an earlier one votes "failed" at
@@ -707,6 +756,7 @@ impl Engine {
         }
         s.may_resend = true;
         s.sent = true;
+        self.written |= node_bit(node);
         s.note_write(self.write_until);
         if let Err(e) = self.send_round(t, node, active.req, now) {
             self.fail_conn(t, node, e, Some(active));
@@ -793,10 +843,14 @@ impl Engine {
         node: usize,
         readable: bool,
         closed: bool,
-        active: Option<&mut Active<'_>>,
+        mut active: Option<&mut Active<'_>>,
     ) {
-        // The hot path: replies on an established connection with nothing queued.
+        // The hot path: replies on an established connection with nothing queued. The
+        // session is looked up once, for the read and for the votes it brings.
         if readable && !closed {
+            // Steady state watches no node: one test, no bit to compute.
+            let fast = self.slow_votes == 0 || !chases(self.slow_votes, node);
+            let round_id = self.round_id;
             if let Some(s) = self.sessions.get_mut(node) {
                 if s.state == State::Ready && !s.has_unsent() {
                     let buf = s.free_tail();
@@ -808,11 +862,20 @@ impl Engine {
                                 // A short read drained the socket: any later byte raises a
                                 // new edge. A full one may have left more behind.
                                 if n < free {
-                                    return self.dispatch_fresh(t, node, active);
+                                    let more = Self::votes_of(
+                                        s,
+                                        node,
+                                        fast,
+                                        round_id,
+                                        active.as_deref_mut(),
+                                    );
+                                    return self.dispatch_fresh(t, node, more, active);
                                 }
                             }
                             Ok(Received::Nothing) => {
-                                return self.dispatch_fresh(t, node, active);
+                                let more =
+                                    Self::votes_of(s, node, fast, round_id, active.as_deref_mut());
+                                return self.dispatch_fresh(t, node, more, active);
                             }
                             Ok(Received::Closed) => {
                                 return self.dispatch_then_close(t, node, active);
@@ -890,16 +953,18 @@ impl Engine {
         }
     }
 
-    /// [`Engine::dispatch`] right after a read on a ready connection: the common votes
-    /// are taken first, with nothing else in the way; the rest goes the general way.
+    /// [`Engine::dispatch`] right after a read on a ready connection, once the common
+    /// votes were taken ([`Engine::votes_of`]): `more` when input is left that needs the
+    /// general path.
     #[inline(always)]
     fn dispatch_fresh<T: Transport>(
         &mut self,
         t: &mut T,
         node: usize,
-        mut active: Option<&mut Active<'_>>,
+        more: bool,
+        active: Option<&mut Active<'_>>,
     ) {
-        if self.take_votes(node, active.as_deref_mut()) {
+        if more {
             self.dispatch(t, node, active);
         } else if self.held != 0 {
             self.send_held(t, active, None);
@@ -979,6 +1044,7 @@ impl Engine {
             }
             s.may_resend = true;
             s.sent = true;
+            self.written |= node_bit(node);
             s.note_write(self.write_until);
             let expect = Expect {
                 round: self.round_id,
@@ -1005,26 +1071,47 @@ impl Engine {
     /// ([`Session::take_vote`]) and counts them; true when input is left that needs the
     /// general path.
     #[inline(always)]
-    fn take_votes(&mut self, node: usize, mut active: Option<&mut Active<'_>>) -> bool {
-        let round_id = self.round_id;
-        // A watched node's votes are screened on the general path.
+    fn take_votes(&mut self, node: usize, active: Option<&mut Active<'_>>) -> bool {
         let fast = self.slow_votes & node_bit(node) == 0;
-        let Some(s) = self.sessions.get_mut(node) else {
-            return false;
-        };
-        if fast {
-            while let Some((round, slot, yes)) = s.take_vote() {
-                // Votes count only in the round that is waiting for them; a late reply of
-                // an earlier round is read and dropped.
-                if round == round_id {
-                    if let Some(a) = active.as_deref_mut() {
-                        a.round.tally(node, slot as usize, yes);
-                    }
-                }
-                if !s.has_input() {
-                    return false;
+        let round_id = self.round_id;
+        match self.sessions.get_mut(node) {
+            Some(s) => Self::votes_of(s, node, fast, round_id, active),
+            None => false,
+        }
+    }
+
+    /// [`Engine::take_votes`] on `node`'s session `s`: with `fast` (the node's votes are
+    /// not screened: see `slow_votes`), takes the common votes at the front of its inbox
+    /// and counts those of round `round_id` in `active`; true when input is left that
+    /// needs the general path.
+    #[inline(always)]
+    fn votes_of(
+        s: &mut Session,
+        node: usize,
+        fast: bool,
+        round_id: u64,
+        mut active: Option<&mut Active<'_>>,
+    ) -> bool {
+        if !fast {
+            return s.has_input();
+        }
+        let mut taken = false;
+        while let Some((round, slot, yes)) = s.take_vote() {
+            taken = true;
+            // Votes count only in the round that is waiting for them; a late reply of
+            // an earlier round is read and dropped.
+            if round == round_id {
+                if let Some(a) = active.as_deref_mut() {
+                    a.round.tally(node, slot as usize, yes);
                 }
             }
+            if !s.has_input() {
+                break;
+            }
+        }
+        if taken {
+            // Once per batch rather than per reply: nothing reads it in between.
+            s.answered();
         }
         s.has_input()
     }
@@ -1184,6 +1271,7 @@ impl Engine {
                     if self.send_round(t, node, active.req, now).is_ok() {
                         let s = &mut self.sessions[node];
                         s.sent = true;
+                        self.written |= node_bit(node);
                         s.note_write(self.write_until);
                         break 'failed;
                     }
@@ -1291,12 +1379,17 @@ impl Engine {
     }
 
     /// The nodes the last round's command was handed to, as a [`chases`] mask.
+    #[inline]
     pub fn written(&self) -> u64 {
-        self.sessions
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.sent)
-            .fold(0, |mask, (i, _)| mask | node_bit(i))
+        debug_assert_eq!(
+            self.written,
+            self.sessions
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.sent)
+                .fold(0, |mask, (i, _)| mask | node_bit(i))
+        );
+        self.written
     }
 
     /// Sum of buffer capacities over all nodes (for tests of bounded memory).

@@ -25,7 +25,10 @@
 //!   caller calls with one clock reading after each batch of replies (and
 //!   [`Round::time_out`] stamps with the time it is given). A stamp is never earlier than
 //!   the replies that made the decision were read, which is the safe direction for a
-//!   lock's validity; until stamped, [`Round::decided_at`] is `None`.
+//!   lock's validity; until stamped, [`Round::decided_at`] is `None`. A release that a
+//!   majority answered is never stamped: the lock is free, and its time is read by no
+//!   one (only a release that failed reports how long it took), so its round costs no
+//!   clock reading.
 //!
 //! Changing a threshold here changes the mutual-exclusion guarantee; the tests at the
 //! bottom and `tests/sim.rs` pin them down.
@@ -147,9 +150,19 @@ struct Tally {
 struct Slot {
     tally: Tally,
     decision: Decision,
+    /// Who has voted on this slot, among nodes 0..64 (the rest are in `Round::more`).
+    marks: Marks,
     decided_at: Option<Instant>,
     /// The largest fence counter among the counted yes votes (a fenced acquire).
     counter: Option<u64>,
+}
+
+/// Which of 64 nodes have voted on a slot, and which of those voted yes. A node that
+/// voted and not yes voted no, or failed (then its detail is in `Round::failures`).
+#[derive(Clone, Copy, Debug, Default)]
+struct Marks {
+    voted: u64,
+    yes: u64,
 }
 
 /// The votes of one round. Reused from round to round without reallocating.
@@ -177,10 +190,13 @@ pub struct Round {
     phase: Option<Phase>,
     nodes: usize,
     slots: Vec<Slot>,
-    // INVARIANT: votes.len() == slots.len() * nodes; votes[slot * nodes + node].
-    votes: Vec<Vote>,
-    // The detail of every failed vote, by index into `votes`. Kept apart so the votes
-    // themselves stay one byte each: this is the hot path.
+    // INVARIANT: more.len() == slots.len() * (nodes.div_ceil(64) - 1), at least 0: node
+    // `n >= 64`'s vote on slot `s` is bit `n % 64` of `more[s * (words - 1) + n / 64 - 1]`;
+    // nodes below 64 are in the slot's own `marks` (the common case: a round touches one
+    // `Slot` per vote, and a new round clears its votes by overwriting the slots).
+    more: Vec<Marks>,
+    // The detail of every failed vote, by `slot * nodes + node`. Kept apart so the votes
+    // themselves stay two bits each: this is the hot path.
     failures: Vec<(usize, Outcome)>,
     open: usize,
     /// `quorum(nodes)`, and how many nodes may fail or refuse before no quorum is left.
@@ -190,12 +206,11 @@ pub struct Round {
     unstamped: Vec<u32>,
 }
 
-/// One vote, compactly; `Yes`/`No` read as `Locked`/`Held` or `Released`/`NotHeld`
-/// depending on the round's phase ([`Outcome::vote`]), `Failed` has its detail in `Round::failures`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// One vote, as recorded: `Yes`/`No` read as `Locked`/`Held` or `Released`/`NotHeld`
+/// depending on the round's phase ([`Outcome::vote`]), `Failed` has its detail in
+/// `Round::failures`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Vote {
-    #[default]
-    Pending,
     Yes,
     No,
     Failed,
@@ -213,26 +228,32 @@ impl Round {
                 ..Tally::default()
             },
             decision: Decision::Open,
+            marks: Marks::default(),
             decided_at: None,
             counter: None,
         };
-        // Same shape as the last round (the common case): overwrite in place.
-        if self.slots.len() == slots && self.votes.len() == slots * nodes {
-            // Plain loops: `fill` goes through a generic clone path that costs more than
-            // the one or few slots of a round.
+        // Same shape as the last round (the common case): overwrite in place, which also
+        // clears the votes of nodes below 64. One slot is the most common of all.
+        if let ([only], 1) = (&mut self.slots[..], slots) {
+            *only = open;
+        } else if self.slots.len() == slots {
+            // A plain loop: `fill` goes through a generic clone path that costs more than
+            // the few slots of a round.
             for slot in &mut self.slots {
                 *slot = open;
-            }
-            for vote in &mut self.votes {
-                *vote = Vote::Pending;
             }
         } else {
             self.slots.clear();
             self.slots.resize(slots, open);
-            self.votes.clear();
-            self.votes.resize(slots * nodes, Vote::Pending);
         }
-        self.failures.clear();
+        if nodes > 64 || !self.more.is_empty() {
+            self.more.clear();
+            self.more
+                .resize(slots * (nodes.div_ceil(64).max(1) - 1), Marks::default());
+        }
+        if !self.failures.is_empty() {
+            self.failures.clear();
+        }
         // Room for every node to fail once without allocating: a lagging node in a
         // steady stream of rounds must not cost an allocation per round.
         if self.failures.capacity() < nodes {
@@ -242,6 +263,53 @@ impl Round {
         self.open = slots;
         self.quorum = quorum(nodes) as u32;
         self.spare = nodes as u32 - self.quorum.min(nodes as u32);
+    }
+
+    /// The marks that hold `node`'s vote on `slot`, and its bit there; `None` when there
+    /// is no such node or slot.
+    #[inline(always)]
+    fn marks(&self, node: usize, slot: usize) -> Option<(&Marks, u64)> {
+        if node >= self.nodes {
+            return None;
+        }
+        let bit = 1 << (node % 64);
+        if node < 64 {
+            return Some((&self.slots.get(slot)?.marks, bit));
+        }
+        let words = self.nodes.div_ceil(64) - 1;
+        Some((self.more.get(slot * words + node / 64 - 1)?, bit))
+    }
+
+    /// [`Round::marks`], to record a vote.
+    #[inline(always)]
+    fn marks_mut(&mut self, node: usize, slot: usize) -> Option<(&mut Marks, u64)> {
+        if node >= self.nodes {
+            return None;
+        }
+        let bit = 1 << (node % 64);
+        if node < 64 {
+            return Some((&mut self.slots.get_mut(slot)?.marks, bit));
+        }
+        let words = self.nodes.div_ceil(64) - 1;
+        Some((self.more.get_mut(slot * words + node / 64 - 1)?, bit))
+    }
+
+    /// `node`'s vote on `slot`, as recorded; `None` while pending (or for no such pair).
+    fn cast(&self, node: usize, slot: usize) -> Option<Vote> {
+        let (m, bit) = self.marks(node, slot)?;
+        if m.voted & bit == 0 {
+            None
+        } else if m.yes & bit != 0 {
+            Some(Vote::Yes)
+        } else if self
+            .failures
+            .iter()
+            .any(|(i, _)| *i == slot * self.nodes + node)
+        {
+            Some(Vote::Failed)
+        } else {
+            Some(Vote::No)
+        }
     }
 
     /// Number of slots.
@@ -264,7 +332,8 @@ impl Round {
         self.slots[slot].decision
     }
 
-    /// When `slot` was decided.
+    /// When `slot` was decided; `None` until stamped, and for a release that a majority
+    /// answered (see the module's rules).
     pub fn decided_at(&self, slot: usize) -> Option<Instant> {
         self.slots[slot].decided_at
     }
@@ -282,21 +351,20 @@ impl Round {
 
     /// Whether `node` still owes a vote for `slot`.
     pub fn is_pending(&self, node: usize, slot: usize) -> bool {
-        self.votes[slot * self.nodes + node] == Vote::Pending
+        self.marks(node, slot)
+            .is_some_and(|(m, bit)| m.voted & bit == 0)
     }
 
     /// `node`'s vote for `slot`, if it has voted.
     pub fn vote(&self, node: usize, slot: usize) -> Option<Outcome> {
-        let index = slot * self.nodes + node;
         let phase = self.phase?;
-        match *self.votes.get(index)? {
-            Vote::Pending => None,
+        match self.cast(node, slot)? {
             Vote::Yes => Some(Outcome::vote(phase, true)),
             Vote::No => Some(Outcome::vote(phase, false)),
             Vote::Failed => self
                 .failures
                 .iter()
-                .find(|(i, _)| *i == index)
+                .find(|(i, _)| *i == slot * self.nodes + node)
                 .map(|(_, o)| o.clone()),
         }
     }
@@ -318,22 +386,24 @@ impl Round {
             // Not a vote: what a pending one reads as once its slot is decided.
             Outcome::NotNeeded => return false,
         };
-        let index = slot * self.nodes + node;
-        let Some(vote) = self.votes.get_mut(index) else {
+        let Some((m, bit)) = self.marks_mut(node, slot) else {
             return false;
         };
-        if *vote != Vote::Pending || node >= self.nodes {
+        if m.voted & bit != 0 {
             return false;
+        }
+        m.voted |= bit;
+        if cast == Vote::Yes {
+            m.yes |= bit;
         }
         let t = &mut self.slots[slot].tally;
         t.pending -= 1;
-        *vote = cast;
         match cast {
             Vote::Yes => t.yes += 1,
             Vote::No => t.no += 1,
-            _ => {
+            Vote::Failed => {
                 t.failed += 1;
-                self.failures.push((index, outcome));
+                self.failures.push((slot * self.nodes + node, outcome));
             }
         }
         self.decide(slot);
@@ -357,21 +427,43 @@ impl Round {
     /// Records a yes or no vote: the hot-path form of [`Round::record`].
     #[inline]
     pub fn tally(&mut self, node: usize, slot: usize, yes: bool) {
-        let index = slot * self.nodes + node;
-        match self.votes.get_mut(index) {
-            Some(vote @ Vote::Pending) if node < self.nodes => {
-                let t = &mut self.slots[slot].tally;
-                t.pending -= 1;
-                if yes {
-                    t.yes += 1;
-                    *vote = Vote::Yes;
-                } else {
-                    t.no += 1;
-                    *vote = Vote::No;
-                }
-                self.decide(slot);
+        if node >= 64 {
+            return self.tally_wide(node, slot, yes);
+        }
+        // One slot, one bit: the vote, the count and the decision in one place.
+        let Some(s) = self.slots.get_mut(slot) else {
+            return;
+        };
+        let bit = 1 << node;
+        if s.marks.voted & bit != 0 || node >= self.nodes {
+            return;
+        }
+        s.marks.voted |= bit;
+        if yes {
+            s.marks.yes |= bit;
+            s.tally.yes += 1;
+        } else {
+            s.tally.no += 1;
+        }
+        s.tally.pending -= 1;
+        if s.decision != Decision::Open {
+            return;
+        }
+        if let Some(d) = rule(self.phase, self.quorum, self.spare, s.tally) {
+            s.decision = d;
+            if needs_stamp(self.phase, self.quorum, s.tally) {
+                self.unstamped.push(slot as u32);
             }
-            _ => {}
+            self.open -= 1;
+        }
+    }
+
+    /// [`Round::tally`] for a node from 64 on.
+    #[cold]
+    fn tally_wide(&mut self, node: usize, slot: usize, yes: bool) {
+        let outcome = self.phase.map(|phase| Outcome::vote(phase, yes));
+        if let Some(outcome) = outcome {
+            self.record(node, slot, outcome);
         }
     }
 
@@ -417,28 +509,44 @@ impl Round {
 
     #[inline]
     fn decide(&mut self, slot: usize) {
-        let (q, spare) = (self.quorum, self.spare);
         let s = &mut self.slots[slot];
         if s.decision != Decision::Open {
             return;
         }
-        let t = s.tally;
-        s.decision = match self.phase {
-            // A release is decided once a majority has answered (the lock is free: no
-            // majority holds our key any more) or can no longer answer; the rest of the
-            // replies are read, and dropped, by later calls.
-            Some(Phase::Release) if t.yes + t.no >= q || t.pending == 0 || t.failed > spare => {
-                Decision::Done
+        if let Some(d) = rule(self.phase, self.quorum, self.spare, s.tally) {
+            s.decision = d;
+            if needs_stamp(self.phase, self.quorum, s.tally) {
+                self.unstamped.push(slot as u32);
             }
-            Some(Phase::Release) => return,
-            _ if t.yes >= q => Decision::Won,
-            _ if t.no > spare => Decision::Taken,
-            _ if t.no + t.failed > spare => Decision::Unavailable,
-            _ => return,
-        };
-        self.unstamped.push(slot as u32);
-        self.open -= 1;
+            self.open -= 1;
+        }
     }
+}
+
+/// What an open slot's votes `t` decide, in a round of `phase` whose quorum is `q` and
+/// that can lose `spare` votes; `None` while they decide nothing.
+#[inline(always)]
+fn rule(phase: Option<Phase>, q: u32, spare: u32, t: Tally) -> Option<Decision> {
+    match phase {
+        // A release is decided once a majority has answered (the lock is free: no
+        // majority holds our key any more) or can no longer answer; the rest of the
+        // replies are read, and dropped, by later calls.
+        Some(Phase::Release) if t.yes + t.no >= q || t.pending == 0 || t.failed > spare => {
+            Some(Decision::Done)
+        }
+        Some(Phase::Release) => None,
+        _ if t.yes >= q => Some(Decision::Won),
+        _ if t.no > spare => Some(Decision::Taken),
+        _ if t.no + t.failed > spare => Some(Decision::Unavailable),
+        _ => None,
+    }
+}
+
+/// Whether a decision just taken on votes `t` is to be stamped with its time: every one
+/// but a release that a majority answered (see the module's rules).
+#[inline(always)]
+fn needs_stamp(phase: Option<Phase>, q: u32, t: Tally) -> bool {
+    phase != Some(Phase::Release) || t.yes + t.no < q
 }
 
 #[cfg(test)]
@@ -663,6 +771,35 @@ mod tests {
         assert_eq!(r.decided_at(0), None);
     }
 
+    /// A release that a majority answered needs no time (the lock is free): it is not
+    /// stamped, and the caller reads no clock for it. One that failed is stamped.
+    #[test]
+    fn a_release_a_majority_answered_is_not_stamped() {
+        let (mut r, t) = round(Phase::Release, 5);
+        r.tally(0, 0, true);
+        r.tally(1, 0, false);
+        r.tally(2, 0, true);
+        assert_eq!(r.decision(0), Decision::Done);
+        assert!(!r.has_unstamped());
+        r.stamp(t);
+        assert_eq!(r.decided_at(0), None);
+        let (mut r, t) = round(Phase::Release, 5);
+        r.tally(0, 0, true);
+        for node in 1..4 {
+            r.record(node, 0, Outcome::NoReply);
+        }
+        assert_eq!((r.decision(0), r.answered(0)), (Decision::Done, 1));
+        assert!(r.has_unstamped());
+        r.stamp(t);
+        assert_eq!(r.decided_at(0), Some(t));
+        // An acquire is always stamped.
+        let (mut r, _) = round(Phase::Acquire, 5);
+        for node in 0..3 {
+            r.tally(node, 0, true);
+        }
+        assert!(r.has_unstamped());
+    }
+
     /// Every byte string of up to 6 bytes over the alphabet replies are made of, plus
     /// random ones: whatever `quick_vote` accepts, the full decoder reads the same way
     /// (same length, same vote); and it accepts each common reply wherever it stands.
@@ -715,6 +852,46 @@ mod tests {
             stream.extend_from_slice(b"+OK\r\n");
             assert_eq!(quick_vote(kind, &stream), vote);
         }
+    }
+
+    /// Nodes past 64 keep their votes apart from the first 64's and from each other's,
+    /// per slot; an out-of-range node or slot records nothing.
+    #[test]
+    fn many_nodes_and_slots_keep_every_vote_apart() {
+        let nodes = 150;
+        let mut r = Round::default();
+        for _ in 0..2 {
+            r.begin(Phase::Acquire, nodes, 3);
+            let mut want = vec![vec![None; nodes]; 3];
+            let mut rng = fastrand::Rng::with_seed(nodes as u64);
+            for _ in 0..400 {
+                let (node, slot) = (rng.usize(..nodes), rng.usize(..3));
+                let outcome = match rng.u8(..3) {
+                    0 => Outcome::Locked,
+                    1 => Outcome::Held,
+                    _ => Outcome::Failed(NodeError::Closed),
+                };
+                let first = want[slot][node].is_none();
+                r.record(node, slot, outcome.clone());
+                if first {
+                    want[slot][node] = Some(outcome);
+                }
+            }
+            for (slot, want) in want.iter().enumerate() {
+                for (node, want) in want.iter().enumerate() {
+                    assert_eq!(r.vote(node, slot), *want, "node {node} slot {slot}");
+                    assert_eq!(r.is_pending(node, slot), want.is_none());
+                }
+                let yes = want.iter().filter(|o| **o == Some(Outcome::Locked)).count();
+                assert_eq!(r.yes(slot), yes);
+            }
+            assert!(!r.record(nodes, 0, Outcome::Locked));
+            assert!(!r.record(0, 3, Outcome::Locked));
+            assert_eq!(r.vote(nodes, 0), None);
+        }
+        // Back to a few nodes: nothing of the large round is left.
+        r.begin(Phase::Acquire, 5, 1);
+        assert!((0..5).all(|node| r.is_pending(node, 0)));
     }
 
     #[test]

@@ -509,7 +509,8 @@ impl Session {
     /// of its two common forms (`+OK` / `$-1` to `SET NX`, `:1` / `:0` to a script),
     /// consumes it and returns the round and slot it answers and the vote (yes or no),
     /// without the general parser. Anything else (`None`, nothing consumed) goes through
-    /// [`Session::peek`].
+    /// [`Session::peek`]. The caller calls [`Session::answered`] once it has taken the
+    /// votes of a batch.
     #[inline(always)]
     pub fn take_vote(&mut self) -> Option<(u64, u32, bool)> {
         let expect = self.pending.front()?;
@@ -526,7 +527,7 @@ impl Session {
             // a store on every vote.
             self.extend_script_known = true;
         }
-        self.consume(used);
+        self.take(used);
         Some(vote)
     }
 
@@ -679,9 +680,17 @@ impl Session {
         &self.inbox[self.head..self.tail]
     }
 
-    /// Drops a parsed reply from the inbox and its entry from `pending`.
+    /// Drops a parsed reply from the inbox and its entry from `pending`, and notes that
+    /// the node answered.
     #[inline(always)]
     pub fn consume(&mut self, used: usize) {
+        self.take(used);
+        self.answered();
+    }
+
+    /// [`Session::consume`] without [`Session::answered`], for a batch of replies.
+    #[inline(always)]
+    fn take(&mut self, used: usize) {
         self.progress.clear();
         self.head += used;
         if self.head >= self.tail {
@@ -702,7 +711,11 @@ impl Session {
             self.deletes_owed -= 1;
         }
         self.pending.pop_front();
-        // A node that answers is healthy again: the next failure reconnects at once.
+    }
+
+    /// The node answered: it is healthy again, and the next failure reconnects at once.
+    #[inline(always)]
+    pub fn answered(&mut self) {
         self.backoff = Duration::ZERO;
         self.suspect = false;
     }

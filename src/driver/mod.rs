@@ -41,15 +41,12 @@ use std::io;
 use std::time::{Duration, Instant};
 
 pub(crate) struct Driver {
-    poll: Poll,
-    events: Events,
+    waits: Waits,
     engine: Engine,
     net: Net,
-    /// Readiness seen for tokens that are not nodes' (the shared client's waker and
-    /// subscriber sockets, registered on this `Poll`): bit `i` for token `nodes + i`, bit 63
-    /// for [`WAKER`]. Collected, never acted on, here: the owner of those sources reads it
-    /// with [`Driver::take_foreign`].
-    foreign: u64,
+    /// The waits of a round, sliced once from `node_timeout` ([`WaitBudget::restart`]
+    /// for each round).
+    budget: WaitBudget,
     /// A deadline that must be acted on even in the middle of a round (the shared client's
     /// leases: their lost signal never waits for a round to end), and what to run then;
     /// it returns the next one. `None` for the direct client: one test per wait.
@@ -61,6 +58,18 @@ pub(crate) type Alarm = std::sync::Arc<dyn Fn(Instant) -> Option<Instant> + Send
 
 /// The token of a `mio::Waker` registered on the driver's `Poll` ([`Driver::registry`]).
 pub(crate) const WAKER: mio::Token = mio::Token(usize::MAX);
+
+/// The `Poll` and its event buffer: apart from the engine and the sockets, so that a
+/// wait can hand its events to them without moving anything out of the driver.
+struct Waits {
+    poll: Poll,
+    events: Events,
+    /// Readiness seen for tokens that are not nodes' (the shared client's waker and
+    /// subscriber sockets, registered on this `Poll`): bit `i` for token `nodes + i`, bit
+    /// 63 for [`WAKER`]. Collected, never acted on, here: the owner of those sources
+    /// reads it with [`Driver::take_foreign`].
+    foreign: u64,
+}
 
 impl Driver {
     pub fn new(settings: &Settings) -> io::Result<Driver> {
@@ -84,11 +93,14 @@ impl Driver {
             restart_guard: settings.restart_guard,
         };
         let mut driver = Driver {
-            events: Events::with_capacity(64.max(2 * settings.nodes.len())),
-            poll,
+            waits: Waits {
+                events: Events::with_capacity(64.max(2 * settings.nodes.len())),
+                poll,
+                foreign: 0,
+            },
             engine: Engine::new(logins, timing, now),
             net,
-            foreign: 0,
+            budget: WaitBudget::new(now, settings.node_timeout),
             alarm: None,
         };
         // Start connecting now, so the first call finds connections ready.
@@ -105,28 +117,33 @@ impl Driver {
     /// (a release: and no delete waits unwritten) or `node_timeout` has passed. Returns
     /// the instant the round started.
     pub fn run(&mut self, round: &mut Round, req: &Request<'_>) -> Instant {
-        // Taken out once per round, not once per wait: the event loop borrows `self`.
-        let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
+        let Driver {
+            waits,
+            engine,
+            net,
+            budget,
+            alarm,
+        } = self;
         // Before any command goes out, take in what arrived while the caller was away:
         // late replies, bytes no command asked for (which would otherwise be taken for
         // the answer to this command), and connections the server closed meanwhile (a
         // restart, a timeout), so the command goes on a fresh one. A release needs it as
         // much as a lock: it returns at a majority, so a delete written to a dead
         // connection would not be resent within the call. One non-blocking epoll_wait.
-        self.poll_once(&mut events, Duration::ZERO, None);
+        waits.once(engine, net, Duration::ZERO, None);
         let start = Instant::now();
         let mut active = Active { round, req };
-        self.engine.begin(&mut self.net, &mut active, start);
+        engine.begin(net, &mut active, start);
         // Waits come from a budget that reads the clock only every few waits (see
         // `core::budget`); the clock is otherwise read only to stamp a decision, once per
         // batch of replies that made one.
-        let mut budget = WaitBudget::new(start, self.engine.timing().node_timeout);
+        budget.restart(start);
         // A release is decided by a majority, but does not return while a delete it
         // wrote is still waiting in the process (a connection being reopened): nothing
         // else might flush it. Bounded, like the round, by `node_timeout`.
         // A fence write-back likewise: it is meant for every node whose connection is up.
         let release = matches!(req.phase, Phase::Release | Phase::Fence);
-        while !active.round.is_done() || (release && self.engine.writes_pending()) {
+        while !active.round.is_done() || (release && engine.writes_pending()) {
             let timeout = match budget.next_wait() {
                 Some(wait) => wait,
                 None => {
@@ -140,16 +157,16 @@ impl Driver {
                     }
                 }
             };
-            let timeout = match &self.alarm {
+            let timeout = match alarm {
                 Some((at, _)) => timeout.min(at.saturating_duration_since(Instant::now())),
                 None => timeout,
             };
-            let woke = if self.engine.holding() {
-                self.poll_holding(&mut events, timeout, &mut active, &mut budget)
+            let woke = if engine.holding() {
+                waits.holding(engine, net, timeout, &mut active, budget)
             } else {
-                self.poll_once(&mut events, timeout, Some(&mut active))
+                waits.once(engine, net, timeout, Some(&mut active))
             };
-            if !woke || self.engine.take_slow_work() {
+            if !woke || engine.take_slow_work() {
                 // A wait that ended with nothing to show may have run late (timer slack,
                 // a busy machine), and slow-path work (a hostile node's trickle, a
                 // reconnect) takes time the budget does not count: let the clock size the
@@ -159,8 +176,8 @@ impl Driver {
             if active.round.has_unstamped() {
                 active.round.stamp(Instant::now());
             }
-            if self.alarm.is_some() {
-                self.ring_alarm();
+            if alarm.is_some() {
+                ring(alarm);
             }
         }
         // Decided before any wait (every node down, say): stamp those too.
@@ -168,131 +185,25 @@ impl Driver {
             active.round.stamp(Instant::now());
         }
         debug_assert!(!active.round.has_unstamped());
-        self.events = events;
         start
-    }
-
-    /// [`Driver::poll_once`] for an acquire holding its writes back for the last lost
-    /// attempt's deletes (see `Engine::hold_until`): the wait ends in time to stop
-    /// waiting for them, and the budget, which counted a wait that may have been cut
-    /// short, lets the clock size the next one.
-    #[cold]
-    fn poll_holding(
-        &mut self,
-        events: &mut Events,
-        timeout: Duration,
-        active: &mut Active<'_>,
-        budget: &mut WaitBudget,
-    ) -> bool {
-        let timeout = match self.engine.hold_until() {
-            Some(until) => timeout.min(until.saturating_duration_since(Instant::now())),
-            None => timeout,
-        };
-        let woke = self.poll_once(events, timeout, Some(active));
-        let now = Instant::now();
-        self.engine.release_held(&mut self.net, active, now);
-        budget.expire();
-        woke
-    }
-
-    /// Waits for events at most `timeout` and hands them to the engine; false when the
-    /// wait brought none (it timed out, or failed). Reads no clock.
-    #[inline(always)]
-    fn poll_once(
-        &mut self,
-        events: &mut Events,
-        timeout: Duration,
-        mut active: Option<&mut Active<'_>>,
-    ) -> bool {
-        let polled = self.poll.poll(events, Some(timeout));
-        // An interrupted or failed wait just loops again; the round's budget bounds it.
-        if polled.is_err() || events.is_empty() {
-            return false;
-        }
-        for ev in events.iter() {
-            let node = ev.token().0;
-            if node >= self.net.endpoints().len() {
-                self.foreign_event(node);
-                continue;
-            }
-            let closed = ev.is_read_closed() || ev.is_error();
-            let readable = ev.is_readable() || closed;
-            self.engine
-                .on_event(&mut self.net, node, readable, closed, active.as_deref_mut());
-        }
-        true
-    }
-
-    /// Sets (or clears) the alarm: `ring` runs, from inside rounds too, once `at` has
-    /// passed.
-    pub fn set_alarm(&mut self, alarm: Option<(Instant, Alarm)>) {
-        self.alarm = alarm;
-    }
-
-    #[cold]
-    fn ring_alarm(&mut self) {
-        if let Some((at, ring)) = self.alarm.take() {
-            let now = Instant::now();
-            if now < at {
-                self.alarm = Some((at, ring));
-            } else if let Some(next) = ring(now) {
-                self.alarm = Some((next, ring));
-            }
-        }
-    }
-
-    #[cold]
-    fn foreign_event(&mut self, token: usize) {
-        let nodes = self.net.endpoints().len();
-        self.foreign |= if token == WAKER.0 {
-            1 << 63
-        } else {
-            1u64.checked_shl((token - nodes) as u32).unwrap_or(0)
-        };
-    }
-
-    /// The registry of the driver's `Poll`, for sources whose events the driver only
-    /// collects ([`Driver::take_foreign`]): tokens from `nodes` up (`nodes + i` is bit `i`)
-    /// and [`WAKER`].
-    pub fn registry(&self) -> &mio::Registry {
-        self.poll.registry()
-    }
-
-    /// The foreign readiness collected since the last call (see [`Driver::registry`]).
-    pub fn take_foreign(&mut self) -> u64 {
-        std::mem::take(&mut self.foreign)
-    }
-
-    /// One wait of at most `timeout` (none: until an event), between rounds: late replies
-    /// are read (and dropped), foreign readiness collected. False when nothing came.
-    pub fn wait(&mut self, timeout: Option<Duration>) -> bool {
-        let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
-        let woke = match timeout {
-            Some(t) => self.poll_once(&mut events, t, None),
-            None => self.poll_once(&mut events, Duration::from_secs(3600), None),
-        };
-        self.events = events;
-        woke
     }
 
     /// Waits until `until`, reading (and discarding) late replies meanwhile.
     pub fn idle(&mut self, until: Instant) {
-        let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
         loop {
             let now = Instant::now();
             if now >= until {
                 break;
             }
-            self.poll_once(&mut events, until - now, None);
+            self.waits
+                .once(&mut self.engine, &mut self.net, until - now, None);
         }
-        self.events = events;
     }
 
     /// Waits, at most until `until`, for the replies to the deletes written after lost
     /// attempts (reading late replies meanwhile): for calls whose caller may look at the
     /// nodes right after a failure (`lock_all`).
     pub fn settle_deletes(&mut self, until: Instant) {
-        let mut events = std::mem::replace(&mut self.events, Events::with_capacity(0));
         loop {
             let now = Instant::now();
             if now >= until || !self.engine.owes_deletes(now) {
@@ -302,12 +213,37 @@ impl Driver {
             if let Some((at, _)) = &self.alarm {
                 wait = wait.min(at.saturating_duration_since(now));
             }
-            self.poll_once(&mut events, wait, None);
+            self.waits.once(&mut self.engine, &mut self.net, wait, None);
             if self.alarm.is_some() {
-                self.ring_alarm();
+                ring(&mut self.alarm);
             }
         }
-        self.events = events;
+    }
+
+    /// The registry of the driver's `Poll`, for sources whose events the driver only
+    /// collects ([`Driver::take_foreign`]): tokens from `nodes` up (`nodes + i` is bit `i`)
+    /// and [`WAKER`].
+    pub fn registry(&self) -> &mio::Registry {
+        self.waits.poll.registry()
+    }
+
+    /// The foreign readiness collected since the last call (see [`Driver::registry`]).
+    pub fn take_foreign(&mut self) -> u64 {
+        std::mem::take(&mut self.waits.foreign)
+    }
+
+    /// One wait of at most `timeout` (none: an hour), between rounds: late replies are
+    /// read (and dropped), foreign readiness collected. False when nothing came.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> bool {
+        let timeout = timeout.unwrap_or(Duration::from_secs(3600));
+        self.waits
+            .once(&mut self.engine, &mut self.net, timeout, None)
+    }
+
+    /// Sets (or clears) the alarm: `ring` runs, from inside rounds too, once `at` has
+    /// passed.
+    pub fn set_alarm(&mut self, alarm: Option<(Instant, Alarm)>) {
+        self.alarm = alarm;
     }
 
     /// Fire-and-forget compare-and-delete of `lost` slots; see `Engine::release_lost`.
@@ -323,5 +259,83 @@ impl Driver {
     /// Sum of buffer capacities over all nodes (for tests of bounded memory).
     pub fn buffered(&self) -> usize {
         self.engine.buffered()
+    }
+}
+
+impl Waits {
+    /// Waits for events at most `timeout` and hands them to `engine`; false when the
+    /// wait brought none (it timed out, or failed). Reads no clock.
+    #[inline(always)]
+    fn once(
+        &mut self,
+        engine: &mut Engine,
+        net: &mut Net,
+        timeout: Duration,
+        mut active: Option<&mut Active<'_>>,
+    ) -> bool {
+        let polled = self.poll.poll(&mut self.events, Some(timeout));
+        // An interrupted or failed wait just loops again; the round's budget bounds it.
+        if polled.is_err() || self.events.is_empty() {
+            return false;
+        }
+        let nodes = net.endpoints().len();
+        for ev in self.events.iter() {
+            let node = ev.token().0;
+            if node >= nodes {
+                self.foreign |= foreign_bit(node, nodes);
+                continue;
+            }
+            let closed = ev.is_read_closed() || ev.is_error();
+            let readable = ev.is_readable() || closed;
+            engine.on_event(net, node, readable, closed, active.as_deref_mut());
+        }
+        true
+    }
+
+    /// [`Waits::once`] for an acquire holding its writes back for the last lost
+    /// attempt's deletes (see `Engine::hold_until`): the wait ends in time to stop
+    /// waiting for them, and the budget, which counted a wait that may have been cut
+    /// short, lets the clock size the next one.
+    #[cold]
+    fn holding(
+        &mut self,
+        engine: &mut Engine,
+        net: &mut Net,
+        timeout: Duration,
+        active: &mut Active<'_>,
+        budget: &mut WaitBudget,
+    ) -> bool {
+        let timeout = match engine.hold_until() {
+            Some(until) => timeout.min(until.saturating_duration_since(Instant::now())),
+            None => timeout,
+        };
+        let woke = self.once(engine, net, timeout, Some(active));
+        let now = Instant::now();
+        engine.release_held(net, active, now);
+        budget.expire();
+        woke
+    }
+}
+
+/// The bit of [`Waits::foreign`] for `token`.
+#[cold]
+fn foreign_bit(token: usize, nodes: usize) -> u64 {
+    if token == WAKER.0 {
+        1 << 63
+    } else {
+        1u64.checked_shl((token - nodes) as u32).unwrap_or(0)
+    }
+}
+
+/// Runs the alarm if its time has come, and sets the next one.
+#[cold]
+fn ring(alarm: &mut Option<(Instant, Alarm)>) {
+    if let Some((at, run)) = alarm.take() {
+        let now = Instant::now();
+        if now < at {
+            *alarm = Some((at, run));
+        } else if let Some(next) = run(now) {
+            *alarm = Some((next, run));
+        }
     }
 }
