@@ -279,3 +279,44 @@ fn the_subscriber_reports_a_refused_auth() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_user_allowed_no_channel_still_releases() {
+    // Redis 7's default for new users: no pub/sub channel at all. The notice fails,
+    // quietly; the release must not.
+    let cluster = Cluster::start(3);
+    let urls: Vec<String> = (0..3)
+        .map(|n| {
+            let mut admin = cluster.node(n).admin();
+            let r = admin.cmd(&[
+                "ACL",
+                "SETUSER",
+                "nochan",
+                "on",
+                ">pw",
+                "~*",
+                "resetchannels",
+                "+@all",
+            ]);
+            assert!(r.is_ok(), "ACL SETUSER: {r:?}");
+            let port = cluster.node(n).port().expect("tcp node");
+            format!("redis://nochan:pw@127.0.0.1:{port}")
+        })
+        .collect();
+    let mut rl = Redlock::builder().nodes(&urls).build().unwrap();
+    let lock = rl.lock("notice:nochan", Duration::from_secs(30)).unwrap();
+    let released = rl
+        .unlock(&lock)
+        .expect("the release works without its notice");
+    assert!(released >= 2, "released on {released} nodes");
+    assert!(wait_until(DEADLINE, || {
+        (0..3).all(|n| !cluster.node(n).admin().exists("notice:nochan"))
+    }));
+    let all = rl
+        .lock_all(
+            &["notice:nochan:a", "notice:nochan:b"],
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    assert!(rl.unlock(&all).unwrap() >= 2);
+}

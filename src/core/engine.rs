@@ -242,6 +242,8 @@ pub struct Engine {
     /// set), as a [`chases`] mask: cleared when a round begins, a node's bit set wherever
     /// its `sent` is.
     written: u64,
+    /// See [`Engine::take_foreign`].
+    foreign: u64,
 }
 
 impl Engine {
@@ -269,6 +271,7 @@ impl Engine {
             hold_until: None,
             queued: 0,
             written: 0,
+            foreign: 0,
         }
         .watching(now)
     }
@@ -366,6 +369,12 @@ impl Engine {
     /// The timing it runs with.
     pub fn timing(&self) -> &Timing {
         &self.timing
+    }
+
+    /// Readiness of tokens that are not nodes' since the last call: bit `i` for token
+    /// `nodes + i` (`i < 63`), bit 63 for any other (a waker's).
+    pub fn take_foreign(&mut self) -> u64 {
+        std::mem::take(&mut self.foreign)
     }
 
     /// True (once) when slow-path work ran since the last call: the caller's wait budget
@@ -900,6 +909,13 @@ impl Engine {
     ) {
         self.slow_work = true;
         let Some(s) = self.sessions.get_mut(node) else {
+            // Not a node: a source its owner registered beside the nodes (the shared
+            // client's waker and subscriber connections); kept for it (`take_foreign`).
+            let n = self.sessions.len();
+            self.foreign |= match node.checked_sub(n) {
+                Some(i) if i < 63 => 1 << i,
+                _ => 1 << 63,
+            };
             return;
         };
         if s.state == State::Down {

@@ -15,19 +15,22 @@
 //! key not deleted (someone else's token, already gone) publishes nothing. The payload is
 //! empty on purpose: the token is a credential, and a multi-key or partial release can
 //! leave the same token live on other nodes, so it is never broadcast to whoever may
-//! subscribe. The return values are those of the scripts without the notice.
+//! subscribe. The return values are those of the scripts without the notice. The
+//! notice is sent with `redis.pcall`: a user whose ACL allows no channel (Redis 7's
+//! default `acl-pubsub-default resetchannels`), or a server with PUBLISH renamed, still
+//! releases; its waiters only hear nothing and poll.
 //! `crate::core::notice` is the subscriber's side.
 
 /// Deletes `KEYS[1]` only if its value is `ARGV[1]`, and then publishes the release
 /// notice for it (see [`RELEASED_PREFIX`]). Returns 1 if deleted, else 0.
-pub const RELEASE: &[u8] = br#"if redis.call("get",KEYS[1]) == ARGV[1] then local d=redis.call("del",KEYS[1]) redis.call("publish","quorumlock:released:"..KEYS[1],"") return d else return 0 end"#;
+pub const RELEASE: &[u8] = br#"if redis.call("get",KEYS[1]) == ARGV[1] then local d=redis.call("del",KEYS[1]) redis.pcall("publish","quorumlock:released:"..KEYS[1],"") return d else return 0 end"#;
 
 /// The channel of a resource's release notice is this prefix, then the resource (the key)
 /// itself; the scripts spell it out in their Lua (a unit test checks they agree).
 pub const RELEASED_PREFIX: &[u8] = b"quorumlock:released:";
 
 /// SHA1 of [`RELEASE`], for `EVALSHA`.
-pub const RELEASE_SHA: &[u8; 40] = b"b2d4919aaf16da78f3d2ff802d03d26f645eb320";
+pub const RELEASE_SHA: &[u8; 40] = b"a652bac8186acb87b0d503b386411ad496bf6599";
 
 /// Sets the expiry of `KEYS[1]` to `ARGV[2]` ms only if its value is `ARGV[1]`.
 /// Returns 1 if extended, else 0.
@@ -55,10 +58,10 @@ pub const FENCE_SHA: &[u8; 40] = b"e37b94845efb511578143b5e836fb47218163ac2";
 
 /// Deletes each of `KEYS` whose value is `ARGV[1]`, publishing the release notice of each
 /// it deletes. Returns 1 if all were, else 0.
-pub const RELEASE_ALL: &[u8] = br#"local n=0 for i=1,#KEYS do if redis.call("get",KEYS[i])==ARGV[1] then redis.call("del",KEYS[i]) redis.call("publish","quorumlock:released:"..KEYS[i],"") n=n+1 end end if n==#KEYS then return 1 end return 0"#;
+pub const RELEASE_ALL: &[u8] = br#"local n=0 for i=1,#KEYS do if redis.call("get",KEYS[i])==ARGV[1] then redis.call("del",KEYS[i]) redis.pcall("publish","quorumlock:released:"..KEYS[i],"") n=n+1 end end if n==#KEYS then return 1 end return 0"#;
 
 /// SHA1 of [`RELEASE_ALL`].
-pub const RELEASE_ALL_SHA: &[u8; 40] = b"d0d752d2ece4186306abb0df39f46d9ac18733df";
+pub const RELEASE_ALL_SHA: &[u8; 40] = b"1a7091526b37e6b3c1a477f60380bef03fdf586d";
 
 /// Sets the expiry of every one of `KEYS` to `ARGV[2]` ms if all their values are
 /// `ARGV[1]`, else touches none. Returns 1 if extended, else 0.
@@ -73,10 +76,10 @@ pub const EXTEND_ALL_SHA: &[u8; 40] = b"625585dd655db49164a0d3f383c152341a6e2375
 /// ours, else 0. A key is never freed
 /// on a node without its holder's fence there: the next holder's acquire, which needs the
 /// key free, reads it.
-pub const RELEASE_FENCED: &[u8] = br#"local n=#KEYS/2 local f=tonumber(ARGV[2]) local d=0 for i=1,n do if redis.call("get",KEYS[i])==ARGV[1] then local c=tonumber(redis.call("get",KEYS[n+i])) if not c or c<f then redis.call("set",KEYS[n+i],ARGV[2]) end redis.call("del",KEYS[i]) redis.call("publish","quorumlock:released:"..KEYS[i],"") d=d+1 end end if d==n then return 1 end return 0"#;
+pub const RELEASE_FENCED: &[u8] = br#"local n=#KEYS/2 local f=tonumber(ARGV[2]) local d=0 for i=1,n do if redis.call("get",KEYS[i])==ARGV[1] then local c=tonumber(redis.call("get",KEYS[n+i])) if not c or c<f then redis.call("set",KEYS[n+i],ARGV[2]) end redis.call("del",KEYS[i]) redis.pcall("publish","quorumlock:released:"..KEYS[i],"") d=d+1 end end if d==n then return 1 end return 0"#;
 
 /// SHA1 of [`RELEASE_FENCED`].
-pub const RELEASE_FENCED_SHA: &[u8; 40] = b"77518fdfb9119287fa1a2b51766bfa14ab749a61";
+pub const RELEASE_FENCED_SHA: &[u8; 40] = b"bf583422ed16115355bfc3c90e718e15afe4a835";
 
 #[cfg(test)]
 mod tests {
@@ -153,7 +156,7 @@ mod tests {
         for script in [RELEASE, RELEASE_ALL, RELEASE_FENCED] {
             let dels = count(script, b"redis.call(\"del\"");
             assert_eq!(dels, 1);
-            assert_eq!(count(script, b"redis.call(\"publish\""), dels);
+            assert_eq!(count(script, b"redis.pcall(\"publish\""), dels);
             assert_eq!(count(script, &channel), dels);
             // The empty payload: the token is never broadcast.
             assert_eq!(count(script, b"],\"\")"), dels);

@@ -64,11 +64,6 @@ pub(crate) const WAKER: mio::Token = mio::Token(usize::MAX);
 struct Waits {
     poll: Poll,
     events: Events,
-    /// Readiness seen for tokens that are not nodes' (the shared client's waker and
-    /// subscriber sockets, registered on this `Poll`): bit `i` for token `nodes + i`, bit
-    /// 63 for [`WAKER`]. Collected, never acted on, here: the owner of those sources
-    /// reads it with [`Driver::take_foreign`].
-    foreign: u64,
 }
 
 impl Driver {
@@ -96,7 +91,6 @@ impl Driver {
             waits: Waits {
                 events: Events::with_capacity(64.max(2 * settings.nodes.len())),
                 poll,
-                foreign: 0,
             },
             engine: Engine::new(logins, timing, now),
             net,
@@ -229,7 +223,7 @@ impl Driver {
 
     /// The foreign readiness collected since the last call (see [`Driver::registry`]).
     pub fn take_foreign(&mut self) -> u64 {
-        std::mem::take(&mut self.waits.foreign)
+        self.engine.take_foreign()
     }
 
     /// One wait of at most `timeout` (none: an hour), between rounds: late replies are
@@ -278,16 +272,12 @@ impl Waits {
         if polled.is_err() || self.events.is_empty() {
             return false;
         }
-        let nodes = net.endpoints().len();
+        // A token that is not a node's (see `Driver::registry`) misses the engine's
+        // session lookup and is kept there, on its cold path: no test here.
         for ev in self.events.iter() {
-            let node = ev.token().0;
-            if node >= nodes {
-                self.foreign |= foreign_bit(node, nodes);
-                continue;
-            }
             let closed = ev.is_read_closed() || ev.is_error();
             let readable = ev.is_readable() || closed;
-            engine.on_event(net, node, readable, closed, active.as_deref_mut());
+            engine.on_event(net, ev.token().0, readable, closed, active.as_deref_mut());
         }
         true
     }
@@ -314,16 +304,6 @@ impl Waits {
         engine.release_held(net, active, now);
         budget.expire();
         woke
-    }
-}
-
-/// The bit of [`Waits::foreign`] for `token`.
-#[cold]
-fn foreign_bit(token: usize, nodes: usize) -> u64 {
-    if token == WAKER.0 {
-        1 << 63
-    } else {
-        1u64.checked_shl((token - nodes) as u32).unwrap_or(0)
     }
 }
 
