@@ -63,7 +63,7 @@
 //!   returned number out of the `i64` range (or NaN) answers `i64::MIN`, which is what
 //!   x86-64 gives (C leaves it undefined, so another CPU may differ). Pinned against
 //!   `redis-server` 7.0.15.
-//! - Release notices: the scripts' `redis.call("publish",…)` is recorded, not delivered
+//! - Release notices: the scripts' `redis.pcall("publish",…)` is recorded, not delivered
 //!   (no pub/sub command is modelled, so nothing can subscribe): [`SimNode::published`]
 //!   counts them and [`SimNode::take_published`] hands out the channels of the latest
 //!   (at most [`MAX_PUBLISHED`] kept). Publishing cannot fail in these scripts: the key it
@@ -1271,7 +1271,7 @@ impl SimNode {
         let argv = |i: usize| args.get(i - 1).copied();
         match script {
             // if redis.call("get",KEYS[1]) == ARGV[1] then local d=redis.call("del",KEYS[1])
-            // redis.call("publish","quorumlock:released:"..KEYS[1],"") return d
+            // redis.pcall("publish","quorumlock:released:"..KEYS[1],"") return d
             // else return 0 end
             Script::Release => {
                 let key = keys.first().copied();
@@ -1295,7 +1295,7 @@ impl SimNode {
             Script::Acquire => self.acquire(db, keys, args, now_ms),
             Script::Fence => self.fence(db, keys, args, now_ms),
             // local n=0 for i=1,#KEYS do if redis.call("get",KEYS[i])==ARGV[1] then
-            // redis.call("del",KEYS[i]) redis.call("publish","quorumlock:released:"..KEYS[i],"")
+            // redis.call("del",KEYS[i]) redis.pcall("publish","quorumlock:released:"..KEYS[i],"")
             // n=n+1 end end if n==#KEYS then return 1 end return 0
             Script::ReleaseAll => {
                 let mut n = 0;
@@ -1416,7 +1416,7 @@ impl SimNode {
     ///   local c=tonumber(redis.call("get",KEYS[n+i]))
     ///   if not c or c<f then redis.call("set",KEYS[n+i],ARGV[2]) end
     ///   redis.call("del",KEYS[i])
-    ///   redis.call("publish","quorumlock:released:"..KEYS[i],"") d=d+1 end end
+    ///   redis.pcall("publish","quorumlock:released:"..KEYS[i],"") d=d+1 end end
     /// if d==n then return 1 end return 0
     /// ```
     ///
@@ -1486,7 +1486,7 @@ impl SimNode {
         Ok(1)
     }
 
-    /// `redis.call("publish","quorumlock:released:"..key,"")`: recorded (nothing
+    /// `redis.pcall("publish","quorumlock:released:"..key,"")`: recorded (nothing
     /// subscribes in the model). The scripts call it only after deleting `key`, so it is
     /// a string; a nil would fail the concatenation before the call, as in Lua.
     fn call_publish(&mut self, key: Option<&[u8]>) -> Result<(), Raised> {
@@ -2126,9 +2126,13 @@ mod tests {
             "{}",
             text(&reply)
         );
-        assert!(reply.ends_with(
-            b"script: b2d4919aaf16da78f3d2ff802d03d26f645eb320, on @user_script:1.\r\n"
-        ));
+        let tail = [
+            &b"script: "[..],
+            &RELEASE_SHA[..],
+            &b", on @user_script:1.\r\n"[..],
+        ]
+        .concat();
+        assert!(reply.ends_with(&tail), "{}", text(&reply));
     }
 
     #[test]
