@@ -81,6 +81,9 @@ pub(crate) struct Request {
     /// The caller is gone: a lock in the answer is to be released.
     pub abandoned: bool,
     pub waker: Option<Waker>,
+    /// A thread sleeps on the condvar for the answer (a blocking call): only then is
+    /// it notified, which costs a system call.
+    pub sleeper: bool,
 }
 
 /// A request cell shared by a caller and the loop.
@@ -104,6 +107,7 @@ impl Call {
                 busy: false,
                 abandoned: false,
                 waker: None,
+                sleeper: false,
             }),
             answered: Condvar::new(),
         })
@@ -125,8 +129,11 @@ impl Call {
         }
         r.answer = Some(answer);
         let waker = r.waker.take();
+        let sleeper = std::mem::take(&mut r.sleeper);
         drop(r);
-        self.answered.notify_one();
+        if sleeper {
+            self.answered.notify_one();
+        }
         if let Some(w) = waker {
             wake(w);
         }
@@ -140,6 +147,7 @@ impl Call {
             if let Some(answer) = r.answer.take() {
                 return answer;
             }
+            r.sleeper = true;
             r = self.answered.wait(r).unwrap_or_else(|e| e.into_inner());
         }
     }
