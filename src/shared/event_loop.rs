@@ -33,7 +33,7 @@ use crate::driver::{Alarm, WAKER};
 use crate::error::{Error, OsError, Phase};
 use crate::lock::Lock;
 use crate::redlock::{MAX_BATCH_BYTES, Redlock, check_resource, ttl_millis};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,9 @@ const SHARED_BATCH: usize = 256;
 /// the millisecond (epoll), so a wake-up timed for the deadline itself would come after
 /// it.
 const LOST_EARLY: Duration = Duration::from_millis(2);
+
+/// How long the loop lingers after a round for the next request before it sleeps.
+const LINGER: Duration = Duration::from_micros(30);
 
 /// Starts the loop thread; returns what its handles share.
 pub(crate) fn start(settings: Settings) -> Result<Arc<Inner>, Error> {
@@ -63,6 +66,7 @@ pub(crate) fn start(settings: Settings) -> Result<Arc<Inner>, Error> {
         waker,
         users: AtomicUsize::new(1),
         thread: Mutex::new(None),
+        pending: std::sync::atomic::AtomicBool::new(false),
     });
     let notices = Notices::new(rl.driver.registry(), &inner.settings, Instant::now())
         .map_err(|e| Error::Os(OsError::new("creating the release notice connections", e)))?;
@@ -222,6 +226,9 @@ impl EventLoop {
             self.fire_timers(now);
             if self.has_work(now) {
                 self.run_rounds();
+                // A caller just answered often asks again at once (an unlock after its
+                // lock): lingering a moment spares it the loop's wake-up.
+                self.linger();
                 continue;
             }
             if stopping && self.later.is_empty() {
@@ -251,6 +258,7 @@ impl EventLoop {
         let stopping = {
             let mut q = self.inner.queue();
             q.sleeping = false;
+            self.inner.pending.store(false, Ordering::Relaxed);
             std::mem::swap(&mut q.calls, &mut self.taken);
             std::mem::swap(&mut q.dropped, &mut self.dropped);
             q.stopping
@@ -448,6 +456,14 @@ impl EventLoop {
             })
             .flatten();
         waits.chain(leases).chain(self.notices.next_timer()).min()
+    }
+
+    /// Spins for a few microseconds, or until a request is queued.
+    fn linger(&self) {
+        let start = Instant::now();
+        while !self.inner.pending.load(Ordering::Acquire) && start.elapsed() < LINGER {
+            std::hint::spin_loop();
+        }
     }
 
     /// Waits for a request, a timer, or a late reply.

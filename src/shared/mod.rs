@@ -102,6 +102,9 @@ pub(crate) struct Inner {
     waker: mio::Waker,
     /// Live handles: `SharedRedlock` clones and leases. The loop ends when it drops to 0.
     users: AtomicUsize,
+    /// Set when a request is queued, cleared when the loop takes the queue: what the loop
+    /// watches while it lingers after a round (`event_loop`).
+    pending: std::sync::atomic::AtomicBool,
     /// The loop thread, joined by whoever drops the last handle.
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -132,6 +135,7 @@ impl Inner {
                 return false;
             }
             q.calls.push(Arc::clone(call));
+            self.pending.store(true, Ordering::Release);
             std::mem::take(&mut q.sleeping)
         };
         if wake {
