@@ -317,6 +317,7 @@ fn the_futures_and_the_lease_are_send() {
     fn sync<T: Send + Sync>() {}
     sync::<SharedRedlock>();
     sync::<Lease>();
+    sync::<quorumlock::Lost<'static>>();
     let shared = Redlock::builder()
         .nodes(["redis://127.0.0.1:1"])
         .build_shared()
