@@ -234,6 +234,11 @@ impl Driver {
             .once(&mut self.engine, &mut self.net, timeout, None)
     }
 
+    /// Whether some bytes wait in the process for a socket (see `Engine::writes_pending`).
+    pub fn writes_pending(&mut self) -> bool {
+        self.engine.writes_pending()
+    }
+
     /// Sets (or clears) the alarm: `ring` runs, from inside rounds too, once `at` has
     /// passed.
     pub fn set_alarm(&mut self, alarm: Option<(Instant, Alarm)>) {

@@ -60,6 +60,7 @@ pub(crate) fn start(settings: Settings) -> Result<Arc<Inner>, Error> {
             calls: Vec::new(),
             dropped: Vec::new(),
             sleeping: false,
+            parked: false,
             stopping: false,
             ended: false,
         }),
@@ -67,19 +68,62 @@ pub(crate) fn start(settings: Settings) -> Result<Arc<Inner>, Error> {
         users: AtomicUsize::new(1),
         thread: Mutex::new(None),
         pending: std::sync::atomic::AtomicBool::new(false),
+        state: Mutex::new(None),
+        unparked: std::sync::Condvar::new(),
     });
     let notices = Notices::new(rl.driver.registry(), &inner.settings, Instant::now())
         .map_err(|e| Error::Os(OsError::new("creating the release notice connections", e)))?;
+    *inner.state() = Some(EventLoop::new(rl, Arc::clone(&inner), notices));
     let shared = Arc::clone(&inner);
     let thread = std::thread::Builder::new()
         .name("quorumlock".into())
-        .spawn(move || {
-            let mut l = EventLoop::new(rl, shared, notices);
-            l.run();
-        })
-        .map_err(|e| Error::Os(OsError::new("starting the shared client's loop thread", e)))?;
+        .spawn(move || run(shared))
+        .map_err(|e| {
+            // The state holds the handles' `Inner`: let go of it, or neither is freed.
+            inner.state().take();
+            Error::Os(OsError::new("starting the shared client's loop thread", e))
+        })?;
     *inner.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
     Ok(inner)
+}
+
+/// What a pass leaves the loop thread to do.
+enum Pass {
+    /// Work was done: another pass at once.
+    Again,
+    /// No handle is left and nothing remains to do.
+    Stop,
+    /// Idle: park, the state left free for callers.
+    Park,
+    /// Wait on the `Poll` for a request, a timer or a reply (the argument: stopping).
+    Wait(bool),
+}
+
+/// The loop thread: passes while there is work, waits on the `Poll` while timers or
+/// connections need watching, parks (its state free) while idle.
+fn run(inner: Arc<Inner>) {
+    // Whatever ends the loop (a return, or a panic unwinding through here), the handles
+    // learn it and nothing queued waits forever.
+    let _guard = EndGuard(Arc::clone(&inner));
+    loop {
+        let mut state = inner.state();
+        let Some(l) = state.as_mut() else { break };
+        match l.pass() {
+            Pass::Again => {}
+            Pass::Stop => break,
+            Pass::Wait(stopping) => l.sleep(stopping),
+            Pass::Park => {
+                let mut q = inner.queue();
+                if q.calls.is_empty() && q.dropped.is_empty() && !q.stopping {
+                    q.parked = true;
+                    drop(state);
+                    while q.parked {
+                        q = inner.unparked.wait(q).unwrap_or_else(|e| e.into_inner());
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// An acquire request between its attempts.
@@ -118,7 +162,7 @@ struct LeaseEntry {
     lost: bool,
 }
 
-struct EventLoop {
+pub(crate) struct EventLoop {
     rl: Redlock,
     inner: Arc<Inner>,
     /// Requests taken from the queue (swapped with it: both keep their capacity).
@@ -215,33 +259,54 @@ impl EventLoop {
         }
     }
 
-    fn run(&mut self) {
-        // Whatever ends the loop (a return, or a panic unwinding through here), the
-        // handles learn it and nothing queued waits forever.
-        let _guard = EndGuard(Arc::clone(&self.inner));
-        loop {
-            let stopping = self.take_queue();
-            let now = Instant::now();
-            self.hear(now);
-            self.fire_timers(now);
-            if self.has_work(now) {
-                self.run_rounds();
-                // A caller just answered often asks again at once (an unlock after its
-                // lock): lingering a moment spares it the loop's wake-up.
-                self.linger();
-                continue;
-            }
-            if stopping && self.later.is_empty() {
-                break;
-            }
-            // Stopping, only the retries of releases remain: they are waited for.
-            self.sleep(stopping);
+    /// One pass: takes the queue, fires the timers, runs the rounds due.
+    fn pass(&mut self) -> Pass {
+        let stopping = self.take_queue();
+        let now = Instant::now();
+        self.hear(now);
+        self.fire_timers(now);
+        if self.has_work(now) {
+            self.run_rounds();
+            // A caller just answered often asks again at once (an unlock after its
+            // lock): lingering a moment spares it the loop's wake-up.
+            self.linger();
+            return Pass::Again;
         }
-        // No handle is left, so no caller either: an acquire still waiting belongs to a
-        // future dropped before its answer, and has nothing to release.
-        for a in self.waiting.drain(..) {
-            a.call.answer(Err(loop_gone()));
+        if stopping && self.later.is_empty() {
+            return Pass::Stop;
         }
+        if !stopping && self.is_idle() {
+            return Pass::Park;
+        }
+        // Stopping, only the retries of releases remain: they are waited for.
+        Pass::Wait(stopping)
+    }
+
+    /// Nothing for the loop to watch or time: no request between attempts, no lease, no
+    /// release to try again, no waiter listening, nothing left to write. Its thread may park, and a caller run
+    /// its own request ([`EventLoop::serve`]).
+    pub(crate) fn is_idle(&mut self) -> bool {
+        self.waiting.is_empty()
+            && self.leases.is_empty()
+            && self.later.is_empty()
+            && self.ready.is_empty()
+            && self.extends.is_empty()
+            && self.unlocks.is_empty()
+            && self.orphans.is_empty()
+            && self.locks.is_empty()
+            && !self.notices.any_wanted()
+            && self.notices.next_timer().is_none()
+            && self.notices.quiet()
+            // Bytes still to write (a delete queued on a connection being reopened) go
+            // out on the Poll's next event: the loop must be there to take it.
+            && !self.rl.driver.writes_pending()
+    }
+
+    /// Runs `call` on the calling thread (the loop is parked, the queue empty): what a
+    /// pass would do with it, without the hand-off.
+    pub(crate) fn serve(&mut self, call: Arc<Call>) {
+        self.accept(call, Instant::now());
+        self.run_rounds();
     }
 
     fn has_work(&self, now: Instant) -> bool {
@@ -1017,6 +1082,10 @@ struct EndGuard(Arc<Inner>);
 
 impl Drop for EndGuard {
     fn drop(&mut self) {
+        // The loop's state goes with it: its drop answers whatever it still held and
+        // closes every connection (before the last handle's drop returns).
+        let state = self.0.state().take();
+        drop(state);
         let calls = {
             let mut q = self.0.queue();
             q.ended = true;

@@ -18,6 +18,10 @@
 //! - Every request queued is answered exactly once; if the loop thread dies (which no
 //!   code path should allow), queued and later requests are answered with an error
 //!   instead of waiting forever.
+//! - A blocking request that finds the loop parked (idle: no lease, no waiter, nothing
+//!   queued) runs on its caller's thread, under the lock of the loop's state, which the
+//!   loop holds whenever it is not parked: one caller pays no hand-off, and a request
+//!   that leaves timers behind (a retry, a lease) wakes the loop to keep them.
 //! - A request is queued on a future's first poll. A future dropped after that is the
 //!   cancellation case: anything it acquired, or may have, is released in the
 //!   background.
@@ -107,6 +111,12 @@ pub(crate) struct Inner {
     pending: std::sync::atomic::AtomicBool,
     /// The loop thread, joined by whoever drops the last handle.
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The loop's state. Its thread holds this lock while it works or waits on its
+    /// `Poll`, and lets go of it only while parked (idle: see [`Queue::parked`]); then a
+    /// blocking caller may take it and run its request on its own thread.
+    state: Mutex<Option<event_loop::EventLoop>>,
+    /// Where the parked loop waits (with the queue's lock).
+    unparked: std::sync::Condvar,
 }
 
 /// The requests not yet taken by the loop.
@@ -114,8 +124,12 @@ pub(crate) struct Queue {
     calls: Vec<Arc<Call>>,
     /// Leases dropped without release: the loop releases them.
     dropped: Vec<Arc<LeaseShared>>,
-    /// The loop is waiting (or about to): a request must wake it.
+    /// The loop is waiting on its `Poll` (or about to): a request must wake it (the
+    /// `mio::Waker`).
     sleeping: bool,
+    /// The loop is idle and parked on [`Inner::unparked`], its state left free: a request
+    /// must wake it there, unless its caller runs it itself.
+    parked: bool,
     /// No handle is left: the loop finishes what is queued and ends.
     stopping: bool,
     /// The loop has ended; nothing queued now would be answered.
@@ -127,21 +141,60 @@ impl Inner {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The loop's state, locked (taken as is after a panic: see `event_loop`).
+    pub(crate) fn state(&self) -> MutexGuard<'_, Option<event_loop::EventLoop>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Queues `call` and wakes the loop if it sleeps; false if the loop has ended.
     fn submit(&self, call: &Arc<Call>) -> bool {
-        let wake = {
-            let mut q = self.queue();
-            if q.ended {
-                return false;
-            }
-            q.calls.push(Arc::clone(call));
-            self.pending.store(true, Ordering::Release);
-            std::mem::take(&mut q.sleeping)
-        };
+        let mut q = self.queue();
+        if q.ended {
+            return false;
+        }
+        q.calls.push(Arc::clone(call));
+        self.pending.store(true, Ordering::Release);
+        self.nudge(q);
+        true
+    }
+
+    /// Wakes the loop, wherever it waits, for what was just queued in `q`.
+    pub(crate) fn nudge(&self, mut q: MutexGuard<'_, Queue>) {
+        let wake = std::mem::take(&mut q.sleeping);
+        let unpark = std::mem::take(&mut q.parked);
+        drop(q);
+        if unpark {
+            self.unparked.notify_one();
+        }
         if wake {
             // A failed wake (the eventfd is gone) means the loop has ended: the guard
             // that ends it answers what is queued.
             let _ = self.waker.wake();
+        }
+    }
+
+    /// Runs `call` on the calling thread if the loop is parked and nothing else is
+    /// queued: no hand-off to the loop thread and back. False when it must be queued.
+    fn run_here(&self, call: &Arc<Call>) -> bool {
+        let state = match self.state.try_lock() {
+            Ok(state) => state,
+            Err(_) => return false,
+        };
+        let mut guard = Serving { inner: self, state };
+        let Some(l) = guard.state.as_mut() else {
+            return false;
+        };
+        {
+            let q = self.queue();
+            if !q.parked || q.ended || q.stopping || !q.calls.is_empty() || !q.dropped.is_empty() {
+                return false;
+            }
+        }
+        l.serve(Arc::clone(call));
+        if !l.is_idle() {
+            // A retry, a lease, a release to try again, bytes still to write: what only
+            // the loop keeps.
+            self.nudge(self.queue());
         }
         true
     }
@@ -153,14 +206,34 @@ impl Inner {
         if self.users.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        self.queue().stopping = true;
-        let _ = self.waker.wake();
+        let mut q = self.queue();
+        q.stopping = true;
+        q.sleeping = true;
+        self.nudge(q);
         let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = thread {
             // Never on the loop thread itself (a waker run there could drop a handle).
             if t.thread().id() != std::thread::current().id() {
                 let _ = t.join();
             }
+        }
+    }
+}
+
+/// The loop's state while a caller runs its own request. Should that panic (a bug), the
+/// state, perhaps half changed, is dropped (which answers what it held with an error and
+/// reports every lease lost) and the loop woken, to find it gone and end: as a panic on
+/// the loop thread ends the loop.
+struct Serving<'a> {
+    inner: &'a Inner,
+    state: MutexGuard<'a, Option<event_loop::EventLoop>>,
+}
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            drop(self.state.take());
+            self.inner.nudge(self.inner.queue());
         }
     }
 }
@@ -239,7 +312,7 @@ impl SharedRedlock {
             r.busy = true;
             fill(&mut r);
         }
-        if !self.inner.submit(&call) {
+        if !self.inner.run_here(&call) && !self.inner.submit(&call) {
             return Err(loop_gone());
         }
         call.wait()
@@ -501,11 +574,9 @@ impl SharedRedlock {
                 return;
             }
             q.dropped.push(lease);
-            std::mem::take(&mut q.sleeping)
+            q
         };
-        if wake {
-            let _ = self.inner.waker.wake();
-        }
+        self.inner.nudge(wake);
     }
 
     /// Nodes needed for a majority: `N / 2 + 1`.
@@ -647,16 +718,11 @@ impl Drop for Answer {
                 self.inner.submit(&call);
             }
             Some(Ok(Done::Leased(lease))) => {
-                let wake = {
-                    let mut q = self.inner.queue();
-                    if !q.ended {
-                        q.dropped.push(lease);
-                    }
-                    std::mem::take(&mut q.sleeping)
-                };
-                if wake {
-                    let _ = self.inner.waker.wake();
+                let mut q = self.inner.queue();
+                if !q.ended {
+                    q.dropped.push(lease);
                 }
+                self.inner.nudge(q);
             }
             _ => {}
         }

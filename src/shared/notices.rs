@@ -113,6 +113,18 @@ impl Notices {
         }
     }
 
+    /// Whether every open connection has written all it was given (an `UNSUBSCRIBE`
+    /// may still wait for the socket).
+    pub fn quiet(&self) -> bool {
+        (0..self.subs.len())
+            .all(|node| self.links[node] != Link::Open || self.subs[node].outbox().is_empty())
+    }
+
+    /// Whether some waiter wants a key (the connections then need the loop).
+    pub fn any_wanted(&self) -> bool {
+        self.subs.iter().any(|s| s.wanted() > 0)
+    }
+
     /// The next moment [`Notices::maintain`] has something to do.
     pub fn next_timer(&self) -> Option<Instant> {
         (0..self.subs.len())
