@@ -25,7 +25,8 @@
 //!    run (sampled from `INFO clients` by admin connections, each minus itself), wall time,
 //!    and RSS (VmRSS / VmHWM from `/proc/self/status`; VmHWM is reset before the run via
 //!    `/proc/self/clear_refs` where the kernel allows it).
-//! 5. **Hand-off**: a placeholder, not measured yet.
+//! 5. **Hand-off**: two clients pass one lock back and forth, the waiter woken by the
+//!    release notice, against a waiter that polls.
 //!
 //! No timing is asserted; failed operations are counted and reported.
 //!
@@ -33,7 +34,8 @@
 //! `SHARED_ALLOC_CYCLES` (default 10000, 1000 quick), `SHARED_SLICE_SECS` (64-thread slice
 //! length, default 2, 0.25 quick), `SHARED_SLICES` (slices per row, default 10, 3 quick),
 //! `SHARED_TASKS` (default 10000), `SHARED_TASK_RUNS` (default 3, 1 quick),
-//! `SHARED_QUICK=1`.
+//! `SHARED_QUICK=1`, `SHARED_SECTIONS` (the digits of the sections to run, e.g. `13`;
+//! all by default).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -70,6 +72,8 @@ struct Config {
     slices: usize,
     tasks: usize,
     task_runs: usize,
+    /// The sections to run (`SHARED_SECTIONS=13`: sections 1 and 3); all by default.
+    sections: Option<String>,
 }
 
 fn env_num<T: std::str::FromStr>(name: &str) -> Option<T> {
@@ -99,6 +103,7 @@ impl Config {
             task_runs: env_num::<usize>("SHARED_TASK_RUNS")
                 .unwrap_or(if quick { 1 } else { 3 })
                 .max(1),
+            sections: std::env::var("SHARED_SECTIONS").ok(),
         }
     }
 }
@@ -1366,10 +1371,21 @@ fn main() {
         if cfg.quick { "quick run" } else { "full run" },
         TTL.as_millis()
     );
-    one_caller(&cfg, &urls);
-    allocations(&cfg, &urls);
-    many_threads(&cfg, &urls);
-    many_tasks(&cfg, &cluster);
-    handoff(&cfg, &urls);
+    let wanted = |n: char| cfg.sections.as_deref().is_none_or(|s| s.contains(n));
+    if wanted('1') {
+        one_caller(&cfg, &urls);
+    }
+    if wanted('2') {
+        allocations(&cfg, &urls);
+    }
+    if wanted('3') {
+        many_threads(&cfg, &urls);
+    }
+    if wanted('4') {
+        many_tasks(&cfg, &cluster);
+    }
+    if wanted('5') {
+        handoff(&cfg, &urls);
+    }
     eprintln!("done in {:.1} s", started.elapsed().as_secs_f64());
 }

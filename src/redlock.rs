@@ -330,14 +330,34 @@ impl Redlock {
     /// returns `Ok(0)` or the nodes that still had the key.
     pub fn unlock(&mut self, lock: &Lock) -> Result<usize, Error> {
         let items = lock_items(lock);
-        let req = Request {
-            atomic: lock.is_multi(),
-            // A fenced lock's key is freed on a node only with its fence raised there.
-            fencing: lock.fence().map_or(Fencing::Off, Fencing::Write),
-            ..Request::new(Phase::Release, 0, &items, lock.written())
-        };
+        let req = release_request(lock, &items);
         let start = self.driver.run(&mut self.round, &req);
         self.settle_release(&items[0], 0, start)
+    }
+
+    /// The first half of [`Redlock::unlock`], for the shared client: writes the release
+    /// round of `lock`; returns its start. [`Redlock::finish_unlock`] waits for it.
+    pub(crate) fn begin_unlock(&mut self, lock: &Lock) -> Instant {
+        let items = lock_items(lock);
+        let req = release_request(lock, &items);
+        self.driver.begin(&mut self.round, &req)
+    }
+
+    /// The second half: waits for the release round of `lock` (begun at `start`) until it
+    /// is decided, and gives its result as [`Redlock::unlock`]; `None` once `give_up` has
+    /// passed with the round undecided (another call takes it up again).
+    pub(crate) fn finish_unlock(
+        &mut self,
+        lock: &Lock,
+        start: Instant,
+        give_up: Option<Instant>,
+    ) -> Option<Result<usize, Error>> {
+        let items = lock_items(lock);
+        let req = release_request(lock, &items);
+        if !self.driver.finish(&mut self.round, &req, give_up) {
+            return None;
+        }
+        Some(self.settle_release(&items[0], 0, start))
     }
 
     pub(crate) fn settle_release(
@@ -618,4 +638,15 @@ fn bad_ttl(ttl: Duration) -> Error {
         format!("longer than MAX_TTL ({MAX_TTL:?}): hold a shorter lock and extend it")
     };
     Error::InvalidArgument(ArgumentError::new("ttl", format!("{ttl:?}"), problem))
+}
+
+/// The release round of `lock` over its `items`, as [`Redlock::unlock`] sends it.
+#[inline]
+fn release_request<'a>(lock: &Lock, items: &'a [Item<'a>]) -> Request<'a> {
+    Request {
+        atomic: lock.is_multi(),
+        // A fenced lock's key is freed on a node only with its fence raised there.
+        fencing: lock.fence().map_or(Fencing::Off, Fencing::Write),
+        ..Request::new(Phase::Release, 0, items, lock.written())
+    }
 }

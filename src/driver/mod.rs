@@ -110,13 +110,24 @@ impl Driver {
     /// Runs one round of `req` on every node; returns when `round` has decided every slot
     /// (a release: and no delete waits unwritten) or `node_timeout` has passed. Returns
     /// the instant the round started.
+    #[inline]
     pub fn run(&mut self, round: &mut Round, req: &Request<'_>) -> Instant {
+        let start = self.begin(round, req);
+        self.finish(round, req, None);
+        start
+    }
+
+    /// The first half of [`Driver::run`]: takes in what arrived meanwhile and writes the
+    /// round's commands. Returns the instant the round started; [`Driver::finish`], with
+    /// the same `round` and `req`, waits for it, on this thread or another.
+    #[inline(always)]
+    pub fn begin(&mut self, round: &mut Round, req: &Request<'_>) -> Instant {
         let Driver {
             waits,
             engine,
             net,
             budget,
-            alarm,
+            ..
         } = self;
         // Before any command goes out, take in what arrived while the caller was away:
         // late replies, bytes no command asked for (which would otherwise be taken for
@@ -132,6 +143,28 @@ impl Driver {
         // `core::budget`); the clock is otherwise read only to stamp a decision, once per
         // batch of replies that made one.
         budget.restart(start);
+        start
+    }
+
+    /// The second half of [`Driver::run`]: waits for the round [`Driver::begin`] wrote
+    /// until it is decided or `node_timeout` has passed, and returns true; or, given
+    /// `give_up`, returns false once that instant has passed with the round undecided
+    /// (nothing is lost: another `finish` takes it up where this one left it).
+    #[inline(always)]
+    pub fn finish(
+        &mut self,
+        round: &mut Round,
+        req: &Request<'_>,
+        give_up: Option<Instant>,
+    ) -> bool {
+        let Driver {
+            waits,
+            engine,
+            net,
+            budget,
+            alarm,
+        } = self;
+        let mut active = Active { round, req };
         // A release is decided by a majority, but does not return while a delete it
         // wrote is still waiting in the process (a connection being reopened): nothing
         // else might flush it. Bounded, like the round, by `node_timeout`.
@@ -153,6 +186,20 @@ impl Driver {
             };
             let timeout = match alarm {
                 Some((at, _)) => timeout.min(at.saturating_duration_since(Instant::now())),
+                None => timeout,
+            };
+            let timeout = match give_up {
+                Some(at) => {
+                    let now = Instant::now();
+                    if now >= at {
+                        // The wait just counted was not made: the clock sizes the next.
+                        budget.expire();
+                        return false;
+                    }
+                    // A wait cut short: the budget, which counted it whole, is resynced.
+                    budget.expire();
+                    timeout.min(at - now)
+                }
                 None => timeout,
             };
             let woke = if engine.holding() {
@@ -179,7 +226,7 @@ impl Driver {
             active.round.stamp(Instant::now());
         }
         debug_assert!(!active.round.has_unstamped());
-        start
+        true
     }
 
     /// Waits until `until`, reading (and discarding) late replies meanwhile.

@@ -9,6 +9,13 @@
 //! then run one round per kind of work ready — releases first (they free resources
 //! others wait for), then extends, then acquires, all acquires of one ttl in one round
 //! (K commands, one write per node); answer; and sleep until the next timer or request.
+//! Callers answered by one round often ask again at once (an unlock after a lock, a lock
+//! after an unlock): the loop waits for them briefly ([`EventLoop::gather`]), after the
+//! releases and again after the pass, so that they go out together in the next round.
+//!
+//! A round may also be begun by a future's poll while the loop is parked
+//! ([`EventLoop::serve_briefly`]); if that poll gives up waiting for it, the round is left
+//! in flight, and the loop's next pass finishes it before anything else.
 //!
 //! # Invariants
 //!
@@ -49,6 +56,23 @@ const LOST_EARLY: Duration = Duration::from_millis(2);
 /// How long the loop lingers after a round for the next request before it sleeps.
 const LINGER: Duration = Duration::from_micros(30);
 
+/// How long the loop waits, at most, for the callers a round answered to come back
+/// before it runs the next round without them (see [`EventLoop::gather`]).
+const GATHER: Duration = Duration::from_micros(100);
+
+/// A gathering stops once no request has come for this long.
+const GATHER_GAP: Duration = Duration::from_micros(20);
+
+/// How long a future's poll waits, at most, for the acquire round it runs itself
+/// ([`EventLoop::serve_briefly`]) before it leaves the round to the loop thread: the
+/// longest it blocks its executor. (`epoll_wait` counts whole milliseconds.)
+const INLINE_WAIT: Duration = Duration::from_millis(1);
+
+/// Futures run their acquire in their poll only while acquire rounds are decided this
+/// fast: on slower nodes, a thread hand-off is small beside a round, and a poll should
+/// not block for long.
+const QUICK_ROUND: Duration = Duration::from_micros(300);
+
 /// Starts the loop thread; returns what its handles share.
 pub(crate) fn start(settings: Settings) -> Result<Arc<Inner>, Error> {
     let rl = Redlock::from_settings(settings.clone())?;
@@ -67,7 +91,7 @@ pub(crate) fn start(settings: Settings) -> Result<Arc<Inner>, Error> {
         waker,
         users: AtomicUsize::new(1),
         thread: Mutex::new(None),
-        pending: std::sync::atomic::AtomicBool::new(false),
+        pending: AtomicUsize::new(0),
         state: Mutex::new(None),
         unparked: std::sync::Condvar::new(),
     });
@@ -204,6 +228,31 @@ pub(crate) struct EventLoop {
     made: Vec<u32>,
     /// Releases that too few nodes answered, tried again at their time.
     later: Vec<(Instant, Option<Arc<Call>>, Lock, u32)>,
+    /// Callers answered since the queue was last taken: how many requests may come
+    /// back at once ([`EventLoop::gather`]).
+    answered: usize,
+    /// An acquire round a future's poll wrote and stopped waiting for
+    /// ([`EventLoop::serve_briefly`]): the loop finishes it before anything else.
+    flight: Option<Flight>,
+    /// The last acquire round was decided within [`QUICK_ROUND`]: a future's acquire
+    /// may run in its poll.
+    quick: bool,
+}
+
+/// A round in flight, begun by a future's poll: what it is for, and its start.
+enum Flight {
+    /// Acquires, all of one ttl.
+    Acquire {
+        batch: Vec<Acquire>,
+        ttl_ms: u64,
+        start: Instant,
+    },
+    /// The release of `lock`, for `owner`.
+    Release {
+        lock: Lock,
+        owner: Arc<Call>,
+        start: Instant,
+    },
 }
 
 impl EventLoop {
@@ -256,6 +305,9 @@ impl EventLoop {
             owners: Vec::new(),
             made: Vec::new(),
             later: Vec::new(),
+            answered: 0,
+            flight: None,
+            quick: true,
         }
     }
 
@@ -266,10 +318,14 @@ impl EventLoop {
         self.hear(now);
         self.fire_timers(now);
         if self.has_work(now) {
-            self.run_rounds();
+            self.run_rounds(true);
             // A caller just answered often asks again at once (an unlock after its
-            // lock): lingering a moment spares it the loop's wake-up.
-            self.linger();
+            // lock): waiting a moment spares it the loop's wake-up, and many callers
+            // answered together go out together in the next round.
+            match std::mem::take(&mut self.answered) {
+                0 | 1 => self.linger(),
+                n => self.gather(n),
+            }
             return Pass::Again;
         }
         if stopping && self.later.is_empty() {
@@ -286,7 +342,8 @@ impl EventLoop {
     /// release to try again, no waiter listening, nothing left to write. Its thread may park, and a caller run
     /// its own request ([`EventLoop::serve`]).
     pub(crate) fn is_idle(&mut self) -> bool {
-        self.waiting.is_empty()
+        self.flight.is_none()
+            && self.waiting.is_empty()
             && self.leases.is_empty()
             && self.later.is_empty()
             && self.ready.is_empty()
@@ -306,11 +363,13 @@ impl EventLoop {
     /// pass would do with it, without the hand-off.
     pub(crate) fn serve(&mut self, call: Arc<Call>) {
         self.accept(call, Instant::now());
-        self.run_rounds();
+        self.run_rounds(false);
+        self.answered = 0;
     }
 
     fn has_work(&self, now: Instant) -> bool {
-        !self.ready.is_empty()
+        self.flight.is_some()
+            || !self.ready.is_empty()
             || !self.extends.is_empty()
             || !self.unlocks.is_empty()
             || !self.orphans.is_empty()
@@ -323,7 +382,7 @@ impl EventLoop {
         let stopping = {
             let mut q = self.inner.queue();
             q.sleeping = false;
-            self.inner.pending.store(false, Ordering::Relaxed);
+            self.inner.pending.store(0, Ordering::Relaxed);
             std::mem::swap(&mut q.calls, &mut self.taken);
             std::mem::swap(&mut q.dropped, &mut self.dropped);
             q.stopping
@@ -391,7 +450,7 @@ impl EventLoop {
                         heard: 0,
                     }),
                     Err(e) => {
-                        call.answer(Err(e));
+                        self.tell(&call, Err(e));
                     }
                 }
             }
@@ -487,9 +546,12 @@ impl EventLoop {
         self.leases.iter().any(|e| !e.lost && now >= e.next)
     }
 
-    /// One round per kind of work: releases, extends, acquires.
-    fn run_rounds(&mut self) {
+    /// One round per kind of work: releases, extends, acquires. On the loop thread
+    /// (`regather`), callers answered by the releases and extends who ask again at once
+    /// (a lock after an unlock) are waited for, briefly, and join the acquire round.
+    fn run_rounds(&mut self, regather: bool) {
         self.arm();
+        self.finish_flight();
         if !self.unlocks.is_empty() || !self.orphans.is_empty() || !self.locks.is_empty() {
             self.run_releases();
         }
@@ -498,6 +560,12 @@ impl EventLoop {
         }
         if self.leases_due(Instant::now()) {
             self.extend_leases();
+        }
+        if regather && self.answered >= 2 {
+            let n = std::mem::take(&mut self.answered);
+            self.gather(n);
+            // Stopping or not is the next pass's to see: the flag stays set.
+            self.take_queue();
         }
         if !self.ready.is_empty() {
             self.run_acquires();
@@ -526,8 +594,35 @@ impl EventLoop {
     /// Spins for a few microseconds, or until a request is queued.
     fn linger(&self) {
         let start = Instant::now();
-        while !self.inner.pending.load(Ordering::Acquire) && start.elapsed() < LINGER {
+        while self.inner.pending.load(Ordering::Acquire) == 0 && start.elapsed() < LINGER {
             std::hint::spin_loop();
+        }
+    }
+
+    /// Waits, at most [`GATHER`], until `n` requests are queued: the callers just
+    /// answered, who often ask again at once. Together they make one round of `n`
+    /// commands instead of several small ones. The wait ends early once requests stop
+    /// coming ([`GATHER_GAP`]), or when none came within [`LINGER`] (then the callers are
+    /// busy elsewhere: waiting costs no more than a linger). It yields the CPU meanwhile:
+    /// on a small machine, the callers it waits for need it.
+    fn gather(&self, n: usize) {
+        let start = Instant::now();
+        let (mut seen, mut since) = (0, start);
+        loop {
+            let queued = self.inner.pending.load(Ordering::Acquire);
+            if queued >= n {
+                return;
+            }
+            let now = Instant::now();
+            if queued != seen {
+                (seen, since) = (queued, now);
+            }
+            // Nobody back within the linger: they are busy elsewhere, not on their way.
+            let lingered = seen == 0 && now - start >= LINGER;
+            if lingered || now - start >= GATHER || (seen > 0 && now - since >= GATHER_GAP) {
+                return;
+            }
+            std::thread::yield_now();
         }
     }
 
@@ -653,8 +748,17 @@ impl EventLoop {
 
     /// One attempt for every acquire of `batch` (all of `ttl_ms`), in one round.
     fn attempt_batch(&mut self, batch: &mut Vec<Acquire>, ttl_ms: u64) {
-        let whole = Duration::from_millis(ttl_ms);
-        let safe = safe_span(whole, self.rl.settings.drift_factor);
+        let Some(start) = self.launch(batch, ttl_ms) else {
+            return;
+        };
+        self.await_batch(ttl_ms, None);
+        self.land(batch, ttl_ms, start);
+    }
+
+    /// Writes the round of one attempt for every acquire of `batch` (all of `ttl_ms`);
+    /// returns its start, or `None` when no token could be drawn (each acquire is then
+    /// answered with that error, and `batch` emptied).
+    fn launch(&mut self, batch: &mut Vec<Acquire>, ttl_ms: u64) -> Option<Instant> {
         self.keys.clear();
         self.spans.clear();
         self.tokens.clear();
@@ -672,27 +776,42 @@ impl EventLoop {
                         self.unsubscribe(&a);
                         self.answer_acquire(a.call, Err(e.clone()));
                     }
-                    return;
+                    return None;
                 }
             }
         }
-        let keys = &self.keys;
-        let mut items = reborrow(std::mem::take(&mut self.items));
-        items.extend(
-            self.spans
-                .iter()
-                .zip(&self.tokens)
-                .map(|(&(at, len), &token)| Item {
-                    key: &keys[at..at + len],
-                    token,
-                }),
-        );
+        let items = items_of(&mut self.items, &self.keys, &self.spans, &self.tokens);
         let req = Request {
             fencing: self.rl.fencing(),
             ..Request::new(Phase::Acquire, ttl_ms, &items, 0)
         };
         let rl = &mut self.rl;
-        let start = rl.driver.run(&mut rl.round, &req);
+        let start = rl.driver.begin(&mut rl.round, &req);
+        self.items = reborrow(items);
+        Some(start)
+    }
+
+    /// Waits for the round [`EventLoop::launch`] wrote until it is decided (true), or
+    /// until `give_up` (false: the round stays in flight, see `Driver::finish`).
+    fn await_batch(&mut self, ttl_ms: u64, give_up: Option<Instant>) -> bool {
+        let items = items_of(&mut self.items, &self.keys, &self.spans, &self.tokens);
+        let req = Request {
+            fencing: self.rl.fencing(),
+            ..Request::new(Phase::Acquire, ttl_ms, &items, 0)
+        };
+        let rl = &mut self.rl;
+        let done = rl.driver.finish(&mut rl.round, &req, give_up);
+        self.items = reborrow(items);
+        done
+    }
+
+    /// What a decided acquire round gives each acquire of `batch`: its lock, or its
+    /// error and the deletes of what it may have set; then the answer or the next try.
+    fn land(&mut self, batch: &mut Vec<Acquire>, ttl_ms: u64, start: Instant) {
+        let whole = Duration::from_millis(ttl_ms);
+        let safe = safe_span(whole, self.rl.settings.drift_factor);
+        let items = items_of(&mut self.items, &self.keys, &self.spans, &self.tokens);
+        let rl = &mut self.rl;
         let written = rl.driver.written();
         rl.lost.clear();
         self.settled.clear();
@@ -712,11 +831,119 @@ impl EventLoop {
         }
         self.items = reborrow(items);
         let now = Instant::now();
+        self.quick = now.saturating_duration_since(start) < QUICK_ROUND;
         let mut settled = std::mem::take(&mut self.settled);
         for (a, result) in batch.drain(..).zip(settled.drain(..)) {
             self.settle(a, result, now);
         }
         self.settled = settled;
+    }
+
+    /// Runs a future's acquire or unlock in its poll, on the caller's thread (the loop
+    /// is parked, the queue empty): writes its round and waits for it at most
+    /// [`INLINE_WAIT`]. If the round is not decided by then, it is left in flight for the
+    /// loop thread to finish ([`EventLoop::finish_flight`]), and the caller must wake the
+    /// loop. Returns false, having done nothing, when the request is not one to run so
+    /// (another kind, fencing on for an acquire) or the nodes have lately been slow to
+    /// decide.
+    pub(crate) fn serve_briefly(&mut self, call: &Arc<Call>) -> bool {
+        if !self.quick || self.flight.is_some() {
+            return false;
+        }
+        let op = call.lock().op;
+        match op {
+            Op::Lock { .. } | Op::Lease if !self.rl.settings.fencing && self.ready.is_empty() => {
+                self.acquire_briefly(call)
+            }
+            Op::Unlock => self.unlock_briefly(call),
+            _ => false,
+        }
+    }
+
+    fn acquire_briefly(&mut self, call: &Arc<Call>) -> bool {
+        self.accept(Arc::clone(call), Instant::now());
+        // Refused at once (a bad argument): answered already.
+        let Some(a) = self.ready.pop() else {
+            return true;
+        };
+        let ttl_ms = a.ttl_ms;
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.push(a);
+        self.arm();
+        let Some(start) = self.launch(&mut batch, ttl_ms) else {
+            self.batch = batch;
+            return true;
+        };
+        if self.await_batch(ttl_ms, start.checked_add(INLINE_WAIT)) {
+            self.land(&mut batch, ttl_ms, start);
+            self.batch = batch;
+        } else {
+            self.flight = Some(Flight::Acquire {
+                batch,
+                ttl_ms,
+                start,
+            });
+        }
+        self.answered = 0;
+        true
+    }
+
+    fn unlock_briefly(&mut self, call: &Arc<Call>) -> bool {
+        let Some(lock) = call.lock().lock.take() else {
+            return false;
+        };
+        self.arm();
+        let start = self.rl.begin_unlock(&lock);
+        let give_up = start.checked_add(INLINE_WAIT);
+        match self.rl.finish_unlock(&lock, start, give_up) {
+            Some(result) => self.settle_one_release(lock, Arc::clone(call), result),
+            None => {
+                self.flight = Some(Flight::Release {
+                    lock,
+                    owner: Arc::clone(call),
+                    start,
+                })
+            }
+        }
+        self.answered = 0;
+        true
+    }
+
+    /// Finishes the round a future's poll left in flight, if any.
+    fn finish_flight(&mut self) {
+        match self.flight.take() {
+            None => {}
+            Some(Flight::Acquire {
+                mut batch,
+                ttl_ms,
+                start,
+            }) => {
+                self.await_batch(ttl_ms, None);
+                self.land(&mut batch, ttl_ms, start);
+                if self.batch.capacity() == 0 {
+                    self.batch = batch;
+                }
+            }
+            Some(Flight::Release { lock, owner, start }) => {
+                let result = self.rl.finish_unlock(&lock, start, None);
+                // Without a deadline to give up at, the round is always finished.
+                let result = result.unwrap_or_else(|| Err(super::mismatched()));
+                self.settle_one_release(lock, owner, result);
+            }
+        }
+    }
+
+    /// Answers one release decided outside [`EventLoop::run_releases`], or schedules it
+    /// again, as that would.
+    fn settle_one_release(&mut self, lock: Lock, owner: Arc<Call>, result: Result<usize, Error>) {
+        self.locks.push(lock);
+        self.owners.push(Some(owner));
+        self.made.push(0);
+        let i = self.locks.len() - 1;
+        self.settle_release(i, result);
+        self.locks.pop();
+        self.owners.pop();
+        self.made.pop();
     }
 
     /// A `lock_all` attempt: rare and large, it runs alone (see `Redlock::lock_all`).
@@ -774,10 +1001,20 @@ impl EventLoop {
         self.waiting.push(a);
     }
 
+    /// Answers `call`, counting the callers answered (see [`EventLoop::gather`]); gives
+    /// the answer back when its caller is gone ([`Call::answer`]).
+    fn tell(&mut self, call: &Call, answer: Result<Done, Error>) -> Option<Result<Done, Error>> {
+        let back = call.answer(answer);
+        if back.is_none() {
+            self.answered += 1;
+        }
+        back
+    }
+
     /// Answers an acquire (not a lease's: see `start_lease`); a lock whose caller is
     /// gone is released.
     fn answer_acquire(&mut self, call: Arc<Call>, result: Result<Lock, Error>) {
-        if let Some(Ok(Done::Locked(lock))) = call.answer(result.map(Done::Locked)) {
+        if let Some(Ok(Done::Locked(lock))) = self.tell(&call, result.map(Done::Locked)) {
             self.orphans.push(lock);
         }
     }
@@ -799,7 +1036,7 @@ impl EventLoop {
             hold_until,
             lost: false,
         };
-        if let Some(Ok(Done::Leased(_))) = call.answer(Ok(Done::Leased(shared))) {
+        if let Some(Ok(Done::Leased(_))) = self.tell(&call, Ok(Done::Leased(shared))) {
             // Its caller is gone: released at once.
             self.orphans.push(entry.lock);
             return;
@@ -940,11 +1177,11 @@ impl EventLoop {
                 (r.lock.take(), r.ttl)
             };
             let Some(mut lock) = lock else {
-                call.answer(Err(super::mismatched()));
+                self.tell(&call, Err(super::mismatched()));
                 continue;
             };
             let error = self.rl.extend(&mut lock, ttl).err();
-            call.answer(Ok(Done::Extended(lock, error)));
+            self.tell(&call, Ok(Done::Extended(lock, error)));
         }
         self.extends = extends;
     }
@@ -975,7 +1212,7 @@ impl EventLoop {
                 }
                 // A lease released twice: nothing left to delete.
                 None => {
-                    call.answer(Ok(Done::Released(0)));
+                    self.tell(&call, Ok(Done::Released(0)));
                 }
             }
         }
@@ -1018,7 +1255,7 @@ impl EventLoop {
             // The caller has its answer now, bounded as the direct client's is; the
             // delete is tried again in the background.
             if let Some(call) = self.owners[i].take() {
-                call.answer(result.map(Done::Released));
+                self.tell(&call, result.map(Done::Released));
             }
             let lock = self.locks[i].duplicate();
             let due = Instant::now() + self.rl.settings.node_timeout;
@@ -1026,7 +1263,7 @@ impl EventLoop {
             return;
         }
         if let Some(call) = self.owners[i].take() {
-            call.answer(result.map(Done::Released));
+            self.tell(&call, result.map(Done::Released));
         }
     }
 
@@ -1056,9 +1293,17 @@ impl Drop for EventLoop {
     /// it held is answered with an error and every lease reported lost, so that no
     /// caller waits forever.
     fn drop(&mut self) {
-        let acquires = self
-            .waiting
-            .drain(..)
+        let (flown, owner) = match self.flight.take() {
+            Some(Flight::Acquire { batch, .. }) => (batch, None),
+            Some(Flight::Release { owner, .. }) => (Vec::new(), Some(owner)),
+            None => (Vec::new(), None),
+        };
+        if let Some(call) = owner {
+            call.answer(Err(loop_gone()));
+        }
+        let acquires = flown
+            .into_iter()
+            .chain(self.waiting.drain(..))
             .chain(self.ready.drain(..))
             .chain(self.batch.drain(..));
         for a in acquires {
@@ -1096,6 +1341,22 @@ impl Drop for EndGuard {
             call.answer(Err(loop_gone()));
         }
     }
+}
+
+/// `items`, emptied, refilled with the items of an acquire round: each key's span of
+/// `keys` with its token.
+fn items_of<'k>(
+    items: &mut Vec<Item<'static>>,
+    keys: &'k [u8],
+    spans: &[(usize, usize)],
+    tokens: &[crate::core::token::Token],
+) -> Vec<Item<'k>> {
+    let mut out = reborrow(std::mem::take(items));
+    out.extend(spans.iter().zip(tokens).map(|(&(at, len), &token)| Item {
+        key: &keys[at..at + len],
+        token,
+    }));
+    out
 }
 
 /// An emptied vector of items, for items of another lifetime: the same allocation, kept

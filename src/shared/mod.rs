@@ -22,6 +22,10 @@
 //!   queued) runs on its caller's thread, under the lock of the loop's state, which the
 //!   loop holds whenever it is not parked: one caller pays no hand-off, and a request
 //!   that leaves timers behind (a retry, a lease) wakes the loop to keep them.
+//! - A future's acquire or unlock that finds the loop parked writes its round in its
+//!   poll and waits there at most `INLINE_WAIT` (1 ms), and only while acquire rounds have
+//!   lately been quick; a round not decided by then is left in flight to the loop, which
+//!   it wakes. A poll never blocks for a whole round.
 //! - A request is queued on a future's first poll. A future dropped after that is the
 //!   cancellation case: anything it acquired, or may have, is released in the
 //!   background.
@@ -106,9 +110,9 @@ pub(crate) struct Inner {
     waker: mio::Waker,
     /// Live handles: `SharedRedlock` clones and leases. The loop ends when it drops to 0.
     users: AtomicUsize,
-    /// Set when a request is queued, cleared when the loop takes the queue: what the loop
-    /// watches while it lingers after a round (`event_loop`).
-    pending: std::sync::atomic::AtomicBool,
+    /// Requests queued since the loop last took the queue: what the loop watches while
+    /// it waits after a round for the callers it just answered (`event_loop`).
+    pending: AtomicUsize,
     /// The loop thread, joined by whoever drops the last handle.
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The loop's state. Its thread holds this lock while it works or waits on its
@@ -153,7 +157,7 @@ impl Inner {
             return false;
         }
         q.calls.push(Arc::clone(call));
-        self.pending.store(true, Ordering::Release);
+        self.pending.fetch_add(1, Ordering::Release);
         self.nudge(q);
         true
     }
@@ -176,6 +180,26 @@ impl Inner {
     /// Runs `call` on the calling thread if the loop is parked and nothing else is
     /// queued: no hand-off to the loop thread and back. False when it must be queued.
     fn run_here(&self, call: &Arc<Call>) -> bool {
+        self.with_idle_loop(|l| {
+            l.serve(Arc::clone(call));
+            true
+        })
+    }
+
+    /// Starts a future's acquire or unlock in its poll, on the calling thread, if the
+    /// loop is parked and nothing else is queued
+    /// ([`event_loop::EventLoop::serve_briefly`]): answered there, or left in flight for
+    /// the loop, which is then woken. False when it must be queued.
+    fn start_here(&self, call: &Arc<Call>) -> bool {
+        self.with_idle_loop(|l| l.serve_briefly(call))
+    }
+
+    /// Runs `f` on the loop's state on the calling thread, if the loop is parked and
+    /// nothing is queued; false if it is not, or if `f` declined (returned false, having
+    /// changed nothing). The loop is woken after `f` if it left work only the loop
+    /// keeps: a round in flight, a retry, a lease, a release to try again, bytes still to
+    /// write.
+    fn with_idle_loop(&self, f: impl FnOnce(&mut event_loop::EventLoop) -> bool) -> bool {
         let state = match self.state.try_lock() {
             Ok(state) => state,
             Err(_) => return false,
@@ -190,10 +214,10 @@ impl Inner {
                 return false;
             }
         }
-        l.serve(Arc::clone(call));
+        if !f(l) {
+            return false;
+        }
         if !l.is_idle() {
-            // A retry, a lease, a release to try again, bytes still to write: what only
-            // the loop keeps.
             self.nudge(self.queue());
         }
         true
@@ -318,7 +342,8 @@ impl SharedRedlock {
         call.wait()
     }
 
-    /// Queues one request on a new call and waits for it as a future.
+    /// Runs one request on a new call as a future: started in this poll when the loop is
+    /// idle (see [`Inner::start_here`]), queued otherwise, and awaited.
     async fn run(&self, fill: impl FnOnce(&mut call::Request)) -> Result<Done, Error> {
         let call = Call::new();
         {
@@ -326,7 +351,7 @@ impl SharedRedlock {
             r.busy = true;
             fill(&mut r);
         }
-        if !self.inner.submit(&call) {
+        if !self.inner.start_here(&call) && !self.inner.submit(&call) {
             return Err(loop_gone());
         }
         Answer {
