@@ -110,7 +110,6 @@ impl Driver {
     /// Runs one round of `req` on every node; returns when `round` has decided every slot
     /// (a release: and no delete waits unwritten) or `node_timeout` has passed. Returns
     /// the instant the round started.
-    #[inline]
     pub fn run(&mut self, round: &mut Round, req: &Request<'_>) -> Instant {
         let start = self.begin(round, req);
         self.finish(round, req, None);
