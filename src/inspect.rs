@@ -1,0 +1,325 @@
+//! A look at one resource on every node, for operators: who holds it, for how long, and
+//! which server answered. Off the lock path: short-lived blocking connections, opened
+//! and closed per call.
+//!
+//! # Invariants
+//!
+//! - Nothing is written but `AUTH`/`SELECT` (as the node URL says), `GET`, `PTTL` and
+//!   `INFO server`: inspecting never changes a node.
+//! - Every node costs at most `connect_timeout + node_timeout` (one deadline for all its
+//!   replies, however the server trickles them), and its replies are read under the
+//!   client's [`Limits`](crate::Limits) (`INFO` text may take 16 KiB whatever they say):
+//!   a hostile or broken server costs a bounded buffer and a typed error, never a panic.
+//! - Replies are parsed by the crate's own RESP2 decoder.
+
+use crate::config::{Address, Endpoint, Settings};
+use crate::core::session::Identity;
+use crate::error::NodeError;
+use crate::resp::encode::command;
+use crate::resp::{Limits, Reply, decode};
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+/// The most `INFO server` text read, whatever the limits (it is about 1.5 KiB).
+const INFO_MAX: usize = 16 * 1024;
+
+/// What one node holds for a resource, and who the node is: one line of
+/// `quorumlock status`. Made by [`inspect`].
+///
+/// # Example
+///
+/// ```no_run
+/// let settings = quorumlock::Redlock::builder()
+///     .nodes(["redis://127.0.0.1:7001"])
+///     .settings()?;
+/// for view in quorumlock::inspect(&settings, b"nightly-report") {
+///     match view {
+///         Ok(v) if v.value.is_some() => println!("{}: held, pttl {:?}", v.node, v.pttl),
+///         Ok(v) => println!("{}: free", v.node),
+///         Err(e) => println!("{e}"),
+///     }
+/// }
+/// # Ok::<(), quorumlock::ConfigError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeView {
+    /// The node's URL, any password replaced by `***`.
+    pub node: String,
+    /// The key's value (for a lock of this crate: its token, 32 lowercase hex digits);
+    /// `None` when the key does not exist.
+    pub value: Option<Vec<u8>>,
+    /// The key's remaining time to live; `None` when it does not exist or has no expiry.
+    pub pttl: Option<Duration>,
+    /// The server's `run_id` (40 hex characters), when `INFO server` answered one.
+    pub run_id: Option<String>,
+    /// The server's `uptime_in_seconds`, when `INFO server` answered it.
+    pub uptime: Option<Duration>,
+}
+
+/// Why one node could not be inspected, naming the node (its URL without password).
+///
+/// # Example
+///
+/// ```no_run
+/// let settings = quorumlock::Redlock::builder()
+///     .nodes(["redis://127.0.0.1:1"])
+///     .settings()?;
+/// if let Err(e) = &quorumlock::inspect(&settings, b"r")[0] {
+///     eprintln!("{}: {}", e.node, e.error);
+/// }
+/// # Ok::<(), quorumlock::ConfigError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InspectError {
+    /// The node's URL, any password replaced by `***`.
+    pub node: String,
+    /// What went wrong.
+    pub error: NodeError,
+}
+
+impl std::fmt::Display for InspectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.node, self.error)
+    }
+}
+
+impl std::error::Error for InspectError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// Reads `resource` on every node of `settings`, one after the other, over a fresh
+/// blocking connection each (closed before the next): `GET`, `PTTL` and `INFO server`.
+/// One entry per node, in configuration order. Each node costs at most
+/// `connect_timeout + node_timeout`; nothing on any node is changed.
+///
+/// For operators and tools (`quorumlock status`), not for deciding who holds a lock:
+/// the nodes are read at different moments, and only an acquire is a decision.
+///
+/// # Example
+///
+/// ```no_run
+/// let settings = quorumlock::Redlock::builder()
+///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+///     .settings()?;
+/// let views = quorumlock::inspect(&settings, b"orders:42");
+/// let held = views.iter().filter(|v| matches!(v, Ok(v) if v.value.is_some())).count();
+/// println!("the key exists on {held} of {} nodes", views.len());
+/// # Ok::<(), quorumlock::ConfigError>(())
+/// ```
+pub fn inspect(settings: &Settings, resource: &[u8]) -> Vec<Result<NodeView, InspectError>> {
+    settings
+        .nodes
+        .iter()
+        .map(|node| {
+            view(node, settings, resource).map_err(|error| InspectError {
+                node: node.to_string(),
+                error,
+            })
+        })
+        .collect()
+}
+
+/// A connection of either kind.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn open(node: &Endpoint, connect_timeout: Duration) -> io::Result<Stream> {
+        match &node.addr {
+            Address::Tcp(addr) => {
+                let s = TcpStream::connect_timeout(addr, connect_timeout)?;
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }
+            Address::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path)?)),
+        }
+    }
+
+    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => {
+                s.set_read_timeout(Some(t))?;
+                s.set_write_timeout(Some(t))
+            }
+            Stream::Unix(s) => {
+                s.set_read_timeout(Some(t))?;
+                s.set_write_timeout(Some(t))
+            }
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.write_all(buf),
+            Stream::Unix(s) => s.write_all(buf),
+        }
+    }
+
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+/// The replies of one connection, read in order under one deadline.
+struct Replies {
+    stream: Stream,
+    buf: Vec<u8>,
+    /// INVARIANT: `start <= buf.len()`; `buf[start..]` is not yet parsed.
+    start: usize,
+    deadline: Instant,
+    limits: Limits,
+}
+
+impl Replies {
+    /// Reads the next reply and hands it to `f` (it borrows the buffer).
+    fn next<T>(
+        &mut self,
+        f: impl FnOnce(Reply<'_>) -> Result<T, NodeError>,
+    ) -> Result<T, NodeError> {
+        loop {
+            match decode(&self.buf[self.start..], &self.limits).map_err(NodeError::Protocol)? {
+                Some((reply, used)) => {
+                    let out = f(reply);
+                    self.start += used;
+                    return out;
+                }
+                None => self.fill()?,
+            }
+        }
+    }
+
+    /// Reads more bytes before the deadline.
+    fn fill(&mut self) -> Result<(), NodeError> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(NodeError::Io(
+                io::ErrorKind::TimedOut,
+                "no complete reply within node_timeout".into(),
+            ));
+        }
+        self.stream.set_timeouts(left)?;
+        let mut chunk = [0u8; 4096];
+        let n = match self.stream.read(&mut chunk) {
+            Ok(0) => return Err(NodeError::Closed),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(NodeError::Io(
+                    io::ErrorKind::TimedOut,
+                    "no complete reply within node_timeout".into(),
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
+}
+
+fn view(node: &Endpoint, settings: &Settings, resource: &[u8]) -> Result<NodeView, NodeError> {
+    let started = Instant::now();
+    let mut stream = Stream::open(node, settings.connect_timeout).map_err(|e| {
+        if matches!(
+            e.kind(),
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+        ) {
+            NodeError::ConnectTimeout
+        } else {
+            NodeError::from(e)
+        }
+    })?;
+    let deadline = started + settings.connect_timeout + settings.node_timeout;
+    stream.set_timeouts(
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1)),
+    )?;
+
+    let mut out = Vec::new();
+    if let Some(password) = &node.password {
+        match &node.user {
+            Some(user) => command(&mut out, &[b"AUTH", user.as_bytes(), password.as_bytes()]),
+            None => command(&mut out, &[b"AUTH", password.as_bytes()]),
+        }
+    }
+    let db = node.db.to_string();
+    if node.db != 0 {
+        command(&mut out, &[b"SELECT", db.as_bytes()]);
+    }
+    command(&mut out, &[b"GET", resource]);
+    command(&mut out, &[b"PTTL", resource]);
+    command(&mut out, &[b"INFO", b"server"]);
+    stream.write_all(&out)?;
+
+    let mut replies = Replies {
+        stream,
+        buf: Vec::new(),
+        start: 0,
+        deadline,
+        limits: Limits {
+            max_bulk_len: settings.limits.max_bulk_len.max(INFO_MAX),
+            ..settings.limits
+        },
+    };
+    let handshake = |reply: Reply<'_>| match reply {
+        Reply::Simple(b"OK") => Ok(()),
+        Reply::Error(e) => Err(NodeError::Handshake(e.escape_ascii().to_string())),
+        _ => Err(NodeError::UnexpectedReply(
+            "AUTH/SELECT answered other than OK",
+        )),
+    };
+    if node.password.is_some() {
+        replies.next(handshake)?;
+    }
+    if node.db != 0 {
+        replies.next(handshake)?;
+    }
+    let value = replies.next(|reply| match reply {
+        Reply::Bulk(v) => Ok(v.map(<[u8]>::to_vec)),
+        Reply::Error(e) => Err(server_error(e)),
+        _ => Err(NodeError::UnexpectedReply(
+            "GET answered other than a bulk string",
+        )),
+    })?;
+    let pttl = replies.next(|reply| match reply {
+        Reply::Integer(ms) => Ok(u64::try_from(ms).ok().map(Duration::from_millis)),
+        Reply::Error(e) => Err(server_error(e)),
+        _ => Err(NodeError::UnexpectedReply(
+            "PTTL answered other than an integer",
+        )),
+    })?;
+    // An ACL may forbid INFO: the key is still shown, the server unidentified.
+    let identity = replies.next(|reply| match reply {
+        Reply::Bulk(Some(text)) => Ok(Identity::parse(text, Instant::now())),
+        Reply::Error(_) => Ok(None),
+        _ => Err(NodeError::UnexpectedReply("INFO answered other than text")),
+    })?;
+    Ok(NodeView {
+        node: node.to_string(),
+        value,
+        pttl,
+        // A run_id is hex by `Identity::parse`'s check.
+        run_id: identity.map(|id| id.run_id.escape_ascii().to_string()),
+        uptime: identity.map(|id| id.uptime),
+    })
+}
+
+fn server_error(e: &[u8]) -> NodeError {
+    NodeError::Server(e.escape_ascii().to_string())
+}
