@@ -229,6 +229,7 @@ pub fn reap() -> Vec<(u32, u8)> {
 /// dies, whatever killed it.
 pub struct Watchdog {
     write: Option<OwnedFd>,
+    pid: libc::pid_t,
 }
 
 impl Watchdog {
@@ -241,7 +242,10 @@ impl Watchdog {
         match unsafe { libc::fork() } {
             -1 => last_error("fork"),
             0 => watchdog(read.as_raw_fd(), write.as_raw_fd()),
-            _ => Ok(Watchdog { write: Some(write) }),
+            pid => Ok(Watchdog {
+                write: Some(write),
+                pid,
+            }),
         }
     }
 
@@ -250,10 +254,15 @@ impl Watchdog {
         self.send(&(pgid as i32).to_ne_bytes());
     }
 
-    /// Lets the watchdog exit without killing anything.
+    /// Lets the watchdog exit without killing anything, and reaps it (it exits as soon
+    /// as it reads the byte, or has already gone if `reap` collected it).
     pub fn disarm(&mut self) {
         self.send(b"d");
         self.write = None;
+        let mut status = 0;
+        // SAFETY: waitpid on our own child with a valid out pointer; ECHILD (already
+        // reaped) returns at once.
+        unsafe { libc::waitpid(self.pid, &mut status, 0) };
     }
 
     fn send(&self, bytes: &[u8]) {
