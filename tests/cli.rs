@@ -315,7 +315,7 @@ fn nodes_that_do_not_answer_are_unavailable_69() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));
     assert_eq!(
-        text(&out.stdout).matches("error").count(),
+        text(&out.stdout).matches(": error: ").count(),
         3,
         "{}",
         show(&out)
