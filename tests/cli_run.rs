@@ -1,0 +1,272 @@
+//! `quorumlock run` against real nodes: the lock outlives the ttl while the command
+//! runs; a frozen majority stops the whole process group (grandchildren and a
+//! TERM-ignoring child included) before the lock's validity deadline; signals sent to
+//! quorumlock reach the command; `kill -9` of quorumlock takes the command with it.
+
+mod cli_common;
+mod common;
+
+use cli_common::{Pids, Running, gone_or_zombie, quorumlock, signal};
+use std::time::{Duration, Instant};
+
+#[test]
+fn a_job_longer_than_the_ttl_keeps_its_lock() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let done = cluster.dir().join("long-done");
+    let script = format!("while [ ! -e '{}' ]; do sleep 0.02; done", done.display());
+    // ttl 3 s = 3 × (kill-after 200 ms + timeout 800 ms): the shortest the rule accepts.
+    let mut holder = Running::spawn(quorumlock(
+        &nodes,
+        &[
+            "--timeout",
+            "800ms",
+            "--ttl",
+            "3s",
+            "--kill-after",
+            "200ms",
+            "run",
+            "cli:long",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    let mut admin = cluster.node(0).admin();
+    assert!(common::wait_until(Duration::from_secs(20), || admin.exists("cli:long")));
+    // The lease is extended every ttl/3: the PTTL goes up, three times, so the job has
+    // run past its ttl with the key there all along.
+    let started = Instant::now();
+    let mut rises = 0;
+    let mut last = admin.pttl("cli:long");
+    assert!(
+        common::wait_until(Duration::from_secs(60), || {
+            let now = admin.pttl("cli:long");
+            assert!(now > 0, "the key went away while the job ran (PTTL {now})");
+            if now > last {
+                rises += 1;
+            }
+            last = now;
+            rises >= 3 && started.elapsed() > Duration::from_secs(3)
+        }),
+        "the lock was not extended ({rises} rises)"
+    );
+    let out = quorumlock(&nodes, &["try", "cli:long"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", cli_common::show(&out));
+
+    std::fs::write(&done, b"").unwrap();
+    let (code, err) = holder.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(common::wait_until(Duration::from_secs(10), || !admin.exists("cli:long")));
+}
+
+#[test]
+fn a_frozen_majority_stops_the_whole_group_before_the_validity_deadline() {
+    let cluster = common::Cluster::start(5);
+    let nodes = cluster.urls().join(",");
+    let (child_file, grandchild_file) = (cluster.dir().join("child"), cluster.dir().join("gc"));
+    // The child ignores SIGTERM (and so does its background sleep, which inherits it):
+    // only the SIGKILL that follows --kill-after later stops them.
+    let script = format!(
+        "trap '' TERM; sleep 1000 & echo $! > '{}'; echo $$ > '{}'; while :; do sleep 0.05; done",
+        grandchild_file.display(),
+        child_file.display()
+    );
+    let ttl = Duration::from_secs(6);
+    let mut run = Running::spawn(quorumlock(
+        &nodes,
+        &[
+            "--ttl",
+            "6s",
+            "--kill-after",
+            "1s",
+            "--timeout",
+            "1s",
+            "run",
+            "cli:frozen",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    let mut pids = Pids::default();
+    let child = pids.read(&child_file);
+    let grandchild = pids.read(&grandchild_file);
+
+    // Wait for an extend (the PTTL on node 0 goes up), then freeze 3 of 5 right after
+    // reading the PTTL there: the lock's validity deadline is no earlier than about
+    // `now + pttl − drift` (the last extend was sent before node 0 applied it).
+    let mut admin = cluster.node(0).admin();
+    let mut last = admin.pttl("cli:frozen");
+    assert!(common::wait_until(Duration::from_secs(30), || {
+        let now = admin.pttl("cli:frozen");
+        let up = now > last;
+        last = now;
+        up
+    }));
+    let read_at = Instant::now();
+    let pttl = admin.pttl("cli:frozen");
+    for i in 0..3 {
+        cluster.node(i).freeze();
+    }
+    assert!(pttl > 0);
+    let drift = ttl / 100 + Duration::from_millis(2);
+    let deadline = read_at + Duration::from_millis(pttl as u64) - drift;
+
+    assert!(
+        common::wait_until(Duration::from_secs(30), || {
+            gone_or_zombie(child) && gone_or_zombie(grandchild)
+        }),
+        "the process group was not stopped"
+    );
+    let stopped = Instant::now();
+    // Polling here runs every 5 ms; the rule leaves node_timeout + S/4 = 1.5 s to spare.
+    assert!(
+        stopped < deadline,
+        "stopped {:?} after the validity deadline",
+        stopped - deadline
+    );
+    let (code, err) = run.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(70), "{err}");
+    assert!(err.contains("stopping the command"), "{err}");
+    for i in 0..3 {
+        cluster.node(i).thaw();
+    }
+}
+
+#[test]
+fn sigterm_to_quorumlock_reaches_the_command_and_the_lock_is_released() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let (ready, marker) = (cluster.dir().join("ready"), cluster.dir().join("got-term"));
+    let script = format!(
+        "trap 'echo term > \"{}\"; exit 7' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
+        marker.display(),
+        ready.display()
+    );
+    let mut run = Running::spawn(quorumlock(
+        &nodes,
+        &[
+            "--ttl",
+            "6s",
+            "--kill-after",
+            "1s",
+            "run",
+            "cli:term",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    let mut pids = Pids::default();
+    pids.read(&ready);
+    signal(run.pid(), libc::SIGTERM);
+    let (code, err) = run.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(7), "{err}");
+    assert!(marker.exists(), "the command never got the SIGTERM");
+    let mut admins = cluster.admins();
+    assert!(common::wait_until(Duration::from_secs(10), || {
+        admins.iter_mut().all(|a| !a.exists("cli:term"))
+    }));
+
+    // SIGINT to quorumlock, a command that does not catch it: 128 + 2.
+    let ready = cluster.dir().join("ready-int");
+    let script = format!("echo $$ > '{}'; exec sleep 1000", ready.display());
+    let mut run = Running::spawn(quorumlock(
+        &nodes,
+        &[
+            "--ttl",
+            "6s",
+            "--kill-after",
+            "1s",
+            "run",
+            "cli:term",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    pids.read(&ready);
+    signal(run.pid(), libc::SIGINT);
+    let (code, err) = run.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(130), "{err}");
+}
+
+#[test]
+fn kill_9_of_quorumlock_takes_the_command_and_its_children_with_it() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let (child_file, grandchild_file) = (cluster.dir().join("child"), cluster.dir().join("gc"));
+    let script = format!(
+        "sleep 1000 & echo $! > '{}'; echo $$ > '{}'; while :; do sleep 0.05; done",
+        grandchild_file.display(),
+        child_file.display()
+    );
+    let mut run = Running::spawn(quorumlock(
+        &nodes,
+        &[
+            "--ttl",
+            "6s",
+            "--kill-after",
+            "1s",
+            "run",
+            "cli:kill9",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    let mut pids = Pids::default();
+    let child = pids.read(&child_file);
+    let grandchild = pids.read(&grandchild_file);
+    assert!(!gone_or_zombie(child) && !gone_or_zombie(grandchild));
+    signal(run.pid(), libc::SIGKILL);
+    let (code, _) = run.finish(Duration::from_secs(10));
+    assert_eq!(code, None, "killed by a signal");
+    assert!(
+        common::wait_until(Duration::from_secs(10), || {
+            gone_or_zombie(child) && gone_or_zombie(grandchild)
+        }),
+        "the command or its child outlived quorumlock"
+    );
+}
+
+#[test]
+fn what_the_command_leaves_in_its_group_is_stopped_before_the_release() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let grandchild_file = cluster.dir().join("gc");
+    let script = format!(
+        "sleep 1000 & echo $! > '{}'; exit 4",
+        grandchild_file.display()
+    );
+    let out = quorumlock(
+        &nodes,
+        &[
+            "--ttl",
+            "6s",
+            "--kill-after",
+            "1s",
+            "run",
+            "cli:left",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .output()
+    .unwrap();
+    let mut pids = Pids::default();
+    let grandchild = pids.read(&grandchild_file);
+    assert_eq!(out.status.code(), Some(4), "{}", cli_common::show(&out));
+    assert!(
+        gone_or_zombie(grandchild),
+        "the background sleep outlived the lock"
+    );
+}
