@@ -352,21 +352,9 @@ fn wait_gives_up_with_75_or_gets_the_lock_when_the_holder_releases() {
     assert_eq!(out.status.code(), Some(75), "{}", show(&out));
     assert!(!marker.exists());
     // Without --wait: one attempt.
-    let out = quorumlock(
-        &nodes,
-        &[
-            "--ttl",
-            "6s",
-            "--kill-after",
-            "1s",
-            "run",
-            "cli:wait",
-            "--",
-            "true",
-        ],
-    )
-    .output()
-    .unwrap();
+    let out = cli_common::run(&nodes, "cli:wait", &["true"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(75), "{}", show(&out));
 
     let mut waiter = Running::spawn(run("60s"));

@@ -6,8 +6,27 @@
 mod cli_common;
 mod common;
 
-use cli_common::{Pids, Running, gone_or_zombie, quorumlock, signal};
+use cli_common::{Pids, Running, gone_or_zombie, quorumlock, run_sh, signal};
 use std::time::{Duration, Instant};
+
+/// Runs `sh -c` (after `prelude`) that starts a background `sleep` (the grandchild)
+/// and loops; returns quorumlock, the pid guard, the child's and the grandchild's pids.
+fn family(cluster: &common::Cluster, resource: &str, prelude: &str) -> (Running, Pids, u32, u32) {
+    let (child_file, grandchild_file) = (
+        cluster.dir().join(format!("{resource}-child")),
+        cluster.dir().join(format!("{resource}-gc")),
+    );
+    let script = format!(
+        "{prelude}sleep 1000 & echo $! > '{}'; echo $$ > '{}'; while :; do sleep 0.05; done",
+        grandchild_file.display(),
+        child_file.display()
+    );
+    let run = Running::spawn(run_sh(&cluster.urls().join(","), resource, &script));
+    let mut pids = Pids::default();
+    let child = pids.read(&child_file);
+    let grandchild = pids.read(&grandchild_file);
+    (run, pids, child, grandchild)
+}
 
 #[test]
 fn a_job_longer_than_the_ttl_keeps_its_lock() {
@@ -64,36 +83,10 @@ fn a_job_longer_than_the_ttl_keeps_its_lock() {
 #[test]
 fn a_frozen_majority_stops_the_whole_group_before_the_validity_deadline() {
     let cluster = common::Cluster::start(5);
-    let nodes = cluster.urls().join(",");
-    let (child_file, grandchild_file) = (cluster.dir().join("child"), cluster.dir().join("gc"));
     // The child ignores SIGTERM (and so does its background sleep, which inherits it):
     // only the SIGKILL that follows --kill-after later stops them.
-    let script = format!(
-        "trap '' TERM; sleep 1000 & echo $! > '{}'; echo $$ > '{}'; while :; do sleep 0.05; done",
-        grandchild_file.display(),
-        child_file.display()
-    );
+    let (mut run, _pids, child, grandchild) = family(&cluster, "cli:frozen", "trap '' TERM; ");
     let ttl = Duration::from_secs(6);
-    let mut run = Running::spawn(quorumlock(
-        &nodes,
-        &[
-            "--ttl",
-            "6s",
-            "--kill-after",
-            "1s",
-            "--timeout",
-            "1s",
-            "run",
-            "cli:frozen",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    ));
-    let mut pids = Pids::default();
-    let child = pids.read(&child_file);
-    let grandchild = pids.read(&grandchild_file);
 
     // Wait for an extend (the PTTL on node 0 goes up), then freeze 3 of 5 right after
     // reading the PTTL there: the lock's validity deadline is no earlier than about
@@ -146,21 +139,7 @@ fn sigterm_to_quorumlock_reaches_the_command_and_the_lock_is_released() {
         marker.display(),
         ready.display()
     );
-    let mut run = Running::spawn(quorumlock(
-        &nodes,
-        &[
-            "--ttl",
-            "6s",
-            "--kill-after",
-            "1s",
-            "run",
-            "cli:term",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    ));
+    let mut run = Running::spawn(run_sh(&nodes, "cli:term", &script));
     let mut pids = Pids::default();
     pids.read(&ready);
     signal(run.pid(), libc::SIGTERM);
@@ -175,21 +154,7 @@ fn sigterm_to_quorumlock_reaches_the_command_and_the_lock_is_released() {
     // SIGINT to quorumlock, a command that does not catch it: 128 + 2.
     let ready = cluster.dir().join("ready-int");
     let script = format!("echo $$ > '{}'; exec sleep 1000", ready.display());
-    let mut run = Running::spawn(quorumlock(
-        &nodes,
-        &[
-            "--ttl",
-            "6s",
-            "--kill-after",
-            "1s",
-            "run",
-            "cli:term",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    ));
+    let mut run = Running::spawn(run_sh(&nodes, "cli:term", &script));
     pids.read(&ready);
     signal(run.pid(), libc::SIGINT);
     let (code, err) = run.finish(Duration::from_secs(30));
@@ -199,31 +164,7 @@ fn sigterm_to_quorumlock_reaches_the_command_and_the_lock_is_released() {
 #[test]
 fn kill_9_of_quorumlock_takes_the_command_and_its_children_with_it() {
     let cluster = common::Cluster::start(3);
-    let nodes = cluster.urls().join(",");
-    let (child_file, grandchild_file) = (cluster.dir().join("child"), cluster.dir().join("gc"));
-    let script = format!(
-        "sleep 1000 & echo $! > '{}'; echo $$ > '{}'; while :; do sleep 0.05; done",
-        grandchild_file.display(),
-        child_file.display()
-    );
-    let mut run = Running::spawn(quorumlock(
-        &nodes,
-        &[
-            "--ttl",
-            "6s",
-            "--kill-after",
-            "1s",
-            "run",
-            "cli:kill9",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    ));
-    let mut pids = Pids::default();
-    let child = pids.read(&child_file);
-    let grandchild = pids.read(&grandchild_file);
+    let (mut run, _pids, child, grandchild) = family(&cluster, "cli:kill9", "");
     assert!(!gone_or_zombie(child) && !gone_or_zombie(grandchild));
     signal(run.pid(), libc::SIGKILL);
     let (code, _) = run.finish(Duration::from_secs(10));
@@ -245,23 +186,7 @@ fn what_the_command_leaves_in_its_group_is_stopped_before_the_release() {
         "sleep 1000 & echo $! > '{}'; exit 4",
         grandchild_file.display()
     );
-    let out = quorumlock(
-        &nodes,
-        &[
-            "--ttl",
-            "6s",
-            "--kill-after",
-            "1s",
-            "run",
-            "cli:left",
-            "--",
-            "sh",
-            "-c",
-            &script,
-        ],
-    )
-    .output()
-    .unwrap();
+    let out = run_sh(&nodes, "cli:left", &script).output().unwrap();
     let mut pids = Pids::default();
     let grandchild = pids.read(&grandchild_file);
     assert_eq!(out.status.code(), Some(4), "{}", cli_common::show(&out));

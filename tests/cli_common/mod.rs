@@ -157,3 +157,16 @@ fn common_wait(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 pub fn file(dir: &Path, name: &str) -> PathBuf {
     dir.join(name)
 }
+
+/// `run RESOURCE -- COMMAND...` with `--ttl 6s --kill-after 1s` (3 × (1 s + the 1 s node
+/// timeout): the shortest ttl the stop rule accepts for them).
+pub fn run(nodes: &str, resource: &str, command: &[&str]) -> Command {
+    let mut args = vec!["--ttl", "6s", "--kill-after", "1s", "run", resource, "--"];
+    args.extend_from_slice(command);
+    quorumlock(nodes, &args)
+}
+
+/// `sh -c SCRIPT` under `run`.
+pub fn run_sh(nodes: &str, resource: &str, script: &str) -> Command {
+    run(nodes, resource, &["sh", "-c", script])
+}
