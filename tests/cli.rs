@@ -412,3 +412,29 @@ fn nodes_come_from_the_environment_unless_given() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
 }
+
+#[test]
+fn status_logs_in_with_the_urls_password_and_never_prints_it() {
+    let cluster = common::Cluster::start_with(3, &common::NodeOptions::with_password("s3cr3t-pw"));
+    let nodes = cluster.urls().join(",");
+    assert!(nodes.contains("s3cr3t-pw"));
+    let out = quorumlock(&nodes, &["try", "cli:pw"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let out = quorumlock(&nodes, &["status", "cli:pw"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let all = show(&out);
+    assert!(!all.contains("s3cr3t-pw"), "{all}");
+    assert_eq!(text(&out.stdout).matches(":***@").count(), 3, "{all}");
+    assert_eq!(text(&out.stdout).matches("run_id=").count(), 3, "{all}");
+    // A wrong password: each node says why, without the password either.
+    let wrong = nodes.replace("s3cr3t-pw", "wrong-pw");
+    let out = quorumlock(&wrong, &["status", "cli:pw"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert!(!show(&out).contains("wrong-pw"), "{}", show(&out));
+    assert_eq!(
+        text(&out.stdout).matches("AUTH/SELECT refused").count(),
+        3,
+        "{}",
+        show(&out)
+    );
+}
