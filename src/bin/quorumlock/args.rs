@@ -101,9 +101,12 @@ THE STOP RULE (run)
   The command is stopped (SIGTERM to its process group, SIGKILL --kill-after later) when
   the lock is lost, or when its remaining validity falls to the stop line
       kill-after + timeout + (kill-after + timeout) / 4
-  so that the SIGKILL lands before the lock's local validity deadline, with a quarter of
-  (kill-after + timeout) to spare. A healthy lock never gets there: it is extended every
-  ttl/3, when about 2/3 of the ttl (less the drift allowance ttl/100 + 2ms) remains.
+  so that the SIGKILL lands before the lock's local validity deadline with
+  timeout + (kill-after + timeout) / 4 to spare. Should quorumlock wake late (a loaded
+  machine) or the deadline move earlier, the SIGKILL comes sooner than --kill-after
+  rather than later: never with less than that spare left, and at once when none is.
+  A healthy lock never gets there: it is extended every ttl/3, when about 2/3 of the
+  ttl (less the drift allowance ttl/100 + 2ms) remains.
   Settings are refused (exit 64) unless --ttl >= 3 x (kill-after + timeout), or at least
   2/3 x ttl - drift >= 1.5 x (kill-after + timeout).
 
