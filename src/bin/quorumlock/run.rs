@@ -88,7 +88,7 @@ pub fn run(args: &Args, builder: quorumlock::Builder, resource: &str, command: &
         Err(e) => return os_error(&e),
     };
     let code = match builder.build_shared() {
-        Ok(shared) => with_client(args, &shared, &signals, &mut watchdog, resource, command),
+        Ok(shared) => with_client(args, &shared, &signals, &watchdog, resource, command),
         Err(e) => {
             eprintln!("quorumlock: {e}");
             failure_code(&e)
@@ -107,7 +107,7 @@ fn with_client(
     args: &Args,
     shared: &SharedRedlock,
     signals: &Signals,
-    watchdog: &mut Watchdog,
+    watchdog: &Watchdog,
     resource: &str,
     command: &[String],
 ) -> u8 {
@@ -115,7 +115,7 @@ fn with_client(
         Ok(lease) => lease,
         Err(code) => return code,
     };
-    let pid = match sys::spawn(command) {
+    let pid = match sys::spawn(command, watchdog) {
         Ok(pid) => pid,
         Err(e) => {
             eprintln!("quorumlock: cannot run {:?}: {e}", command[0]);
@@ -126,7 +126,6 @@ fn with_client(
             };
         }
     };
-    watchdog.arm(pid);
     let code = supervise(args, &lease, signals, pid);
     if let Err(e) = lease.blocking_release() {
         eprintln!("quorumlock: releasing {resource:?}: {e}");

@@ -12,6 +12,12 @@
 //!   `kill`, `_exit`) on stack data.
 //! - Every descriptor made here is close-on-exec: the command never inherits the
 //!   self-pipe or the watchdog's pipe.
+//! - The watchdog learns the command's process group from the command itself, between
+//!   fork and exec: from the moment anything of the command runs, a dead quorumlock
+//!   means a killed group.
+//! - quorumlock ignores the job-control stops (SIGTSTP, SIGTTIN, SIGTTOU): stopped, it
+//!   could neither keep the lock alive nor stop the command, which runs on in its own
+//!   group. The command gets them back as quorumlock found them.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -33,6 +39,17 @@ static PENDING: [AtomicBool; 3] = [
     AtomicBool::new(false),
     AtomicBool::new(false),
 ];
+/// The job-control signals that would stop quorumlock (see the module docs).
+const JOB_STOPS: [i32; 3] = [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
+
+/// Per signal of [`JOB_STOPS`]: whether quorumlock found it at its default action (so
+/// the command gets it back at default; one found ignored stays ignored).
+static STOP_WAS_DEFAULT: [AtomicBool; 3] = [
+    AtomicBool::new(false),
+    AtomicBool::new(false),
+    AtomicBool::new(false),
+];
+
 /// The write end of the self-pipe (-1 before [`Signals::install`]).
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 
@@ -84,7 +101,8 @@ pub struct Signals {
 }
 
 impl Signals {
-    /// Creates the self-pipe and installs the handlers (for the process's life).
+    /// Creates the self-pipe and installs the handlers (for the process's life); ignores
+    /// the job-control stops.
     pub fn install() -> io::Result<Signals> {
         let (read, write) = pipe(true)?;
         WAKE_FD.store(write.as_raw_fd(), Ordering::SeqCst);
@@ -102,6 +120,21 @@ impl Signals {
             if rc != 0 {
                 return last_error("sigaction");
             }
+        }
+        for (sig, was_default) in JOB_STOPS.into_iter().zip(&STOP_WAS_DEFAULT) {
+            // SAFETY: a zeroed sigaction with SIG_IGN is a valid "ignore" action; the old
+            // one is written to a valid stack value.
+            let (rc, old) = unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                let mut old: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = libc::SIG_IGN;
+                let rc = libc::sigaction(sig, &sa, &mut old);
+                (rc, old)
+            };
+            if rc != 0 {
+                return last_error("sigaction");
+            }
+            was_default.store(old.sa_sigaction == libc::SIG_DFL, Ordering::SeqCst);
         }
         Ok(Signals {
             read,
@@ -161,29 +194,47 @@ pub fn become_subreaper() {
 }
 
 /// Starts `argv` in a new process group of its own (its pgid is its pid), with SIGKILL
-/// as its parent-death signal. Returns its pid.
-pub fn spawn(argv: &[String]) -> io::Result<u32> {
+/// as its parent-death signal, the job-control stops as quorumlock found them, and
+/// `watchdog` armed with its group before it execs. Returns its pid.
+pub fn spawn(argv: &[String], watchdog: &Watchdog) -> io::Result<u32> {
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).process_group(0);
-    #[cfg(target_os = "linux")]
-    {
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: the closure runs in the child between fork and exec and only makes
-        // async-signal-safe system calls (prctl, getppid) on plain integers.
-        unsafe {
-            cmd.pre_exec(move || {
+    let parent = std::process::id() as libc::pid_t;
+    let arm = watchdog.write.as_ref().map(AsRawFd::as_raw_fd);
+    // SAFETY: the closure runs in the child between fork and exec and only makes
+    // async-signal-safe system calls (getpid, write, sigaction, prctl, getppid) on
+    // plain integers and stack data, and loads atomics.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Arm the watchdog from here, not from quorumlock after the spawn: were
+            // quorumlock killed right after the exec, before it could tell the watchdog,
+            // the command's children would run on. Its pipe's write end is open here
+            // (close-on-exec) and 4 bytes are below PIPE_BUF: written whole.
+            if let Some(fd) = arm {
+                let pgid = libc::getpid().to_ne_bytes();
+                libc::write(fd, pgid.as_ptr().cast(), pgid.len());
+            }
+            for (sig, was_default) in JOB_STOPS.into_iter().zip(&STOP_WAS_DEFAULT) {
+                if was_default.load(Ordering::SeqCst) {
+                    let mut sa: libc::sigaction = std::mem::zeroed();
+                    sa.sa_sigaction = libc::SIG_DFL;
+                    libc::sigaction(sig, &sa, std::ptr::null_mut());
+                }
+            }
+            #[cfg(target_os = "linux")]
+            {
                 // The parent-death signal fires when the thread that forked exits: the
                 // main thread, which lives as long as quorumlock does.
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
                     return Err(io::Error::last_os_error());
                 }
-                // quorumlock died before the prctl took effect: do not run at all.
-                if libc::getppid() != parent {
-                    return Err(io::Error::other("quorumlock exited while starting it"));
-                }
-                Ok(())
-            });
-        }
+            }
+            // quorumlock died before the prctl took effect: do not run at all.
+            if libc::getppid() != parent {
+                return Err(io::Error::other("quorumlock exited while starting it"));
+            }
+            Ok(())
+        });
     }
     // std returns once the child has exec'd (or failed to): its group exists by then.
     // The `Child` is dropped without waiting: `reap` collects every child.
@@ -226,7 +277,8 @@ pub fn reap() -> Vec<(u32, u8)> {
 /// A process forked before any thread exists that kills the command's process group
 /// if quorumlock dies without saying goodbye (kill -9): it blocks reading a pipe whose
 /// only write end quorumlock holds, and the kernel closes that end when quorumlock
-/// dies, whatever killed it.
+/// dies, whatever killed it. The command writes its pgid into that pipe before it
+/// execs (see [`spawn`]); quorumlock writes one byte to let the watchdog go.
 pub struct Watchdog {
     write: Option<OwnedFd>,
     pid: libc::pid_t,
@@ -249,11 +301,6 @@ impl Watchdog {
         }
     }
 
-    /// Tells the watchdog which group to kill if quorumlock dies.
-    pub fn arm(&mut self, pgid: u32) {
-        self.send(&(pgid as i32).to_ne_bytes());
-    }
-
     /// Lets the watchdog exit without killing anything, and reaps it (it exits as soon
     /// as it reads the byte, or has already gone if `reap` collected it).
     pub fn disarm(&mut self) {
@@ -267,8 +314,8 @@ impl Watchdog {
 
     fn send(&self, bytes: &[u8]) {
         if let Some(fd) = &self.write {
-            // SAFETY: writing a small stack buffer to a pipe we own; at most 4 bytes,
-            // below PIPE_BUF, so it is written whole or not at all.
+            // SAFETY: writing a small stack buffer to a pipe we own; one byte, below
+            // PIPE_BUF, so it is written whole or not at all.
             unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
         }
     }
@@ -281,7 +328,14 @@ fn watchdog(read: RawFd, write: RawFd) -> ! {
     // (no destructors, no atexit of the parent's copy of the runtime).
     unsafe {
         libc::close(write);
-        for sig in FORWARDED {
+        // A terminal's ^C, ^\\, ^Z, a hang-up or a SIGTERM to quorumlock's whole group
+        // must not take the watchdog down (or stop it) before quorumlock: it goes when
+        // quorumlock goes, by its pipe.
+        for sig in FORWARDED
+            .into_iter()
+            .chain([libc::SIGQUIT])
+            .chain(JOB_STOPS)
+        {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = libc::SIG_IGN;
             libc::sigaction(sig, &sa, std::ptr::null_mut());
