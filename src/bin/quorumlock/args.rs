@@ -115,7 +115,9 @@ THE STOP RULE (run)
   killed (kill -9), the command gets SIGKILL from the kernel (parent-death signal) and
   its whole process group from a watchdog process. Processes that left the group
   (setsid, setpgid) are not stopped in any of these cases. The command runs in the
-  background of a terminal: it cannot read from it.
+  background of a terminal: it cannot read from it. quorumlock ignores ^Z (SIGTSTP,
+  SIGTTIN, SIGTTOU): stopped, it could neither keep the lock nor stop the command. A
+  SIGSTOP cannot be ignored: do not send one to quorumlock.
 
 EXIT STATUS
   0        try: got the lock; status: one token held on a majority; bench: done

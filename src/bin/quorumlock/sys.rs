@@ -328,7 +328,7 @@ fn watchdog(read: RawFd, write: RawFd) -> ! {
     // (no destructors, no atexit of the parent's copy of the runtime).
     unsafe {
         libc::close(write);
-        // A terminal's ^C, ^\\, ^Z, a hang-up or a SIGTERM to quorumlock's whole group
+        // A terminal's ^C, ^\, ^Z, a hang-up or a SIGTERM to quorumlock's whole group
         // must not take the watchdog down (or stop it) before quorumlock: it goes when
         // quorumlock goes, by its pipe.
         for sig in FORWARDED
