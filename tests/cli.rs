@@ -357,6 +357,18 @@ fn wait_gives_up_with_75_or_gets_the_lock_when_the_holder_releases() {
         .unwrap();
     assert_eq!(out.status.code(), Some(75), "{}", show(&out));
 
+    // A signal while waiting: given up, with 128 + n, and nothing run.
+    let mut waiter = Running::spawn(run("60s"));
+    let pid = waiter.pid();
+    assert!(common::wait_until(Duration::from_secs(10), || {
+        cli_common::catches(pid, libc::SIGINT)
+    }));
+    cli_common::signal(pid, libc::SIGINT);
+    let (code, err) = waiter.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(130), "{err}");
+    assert!(err.contains("nothing was run"), "{err}");
+    assert!(!marker.exists());
+
     let mut waiter = Running::spawn(run("60s"));
     std::thread::sleep(Duration::from_millis(200));
     assert!(!marker.exists(), "the waiter ran while the lock was held");

@@ -6,12 +6,26 @@
 mod cli_common;
 mod common;
 
-use cli_common::{Pids, Running, gone_or_zombie, quorumlock, run_sh, signal};
+use cli_common::{
+    Pids, Running, catches, children, common_wait, gone_or_zombie, quorumlock, run_sh, signal,
+};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Runs `sh -c` (after `prelude`) that starts a background `sleep` (the grandchild)
 /// and loops; returns quorumlock, the pid guard, the child's and the grandchild's pids.
 fn family(cluster: &common::Cluster, resource: &str, prelude: &str) -> (Running, Pids, u32, u32) {
+    family_with(cluster, resource, prelude, |_| {})
+}
+
+/// [`family`], with `setup` applied to quorumlock's command before it starts.
+fn family_with(
+    cluster: &common::Cluster,
+    resource: &str,
+    prelude: &str,
+    setup: impl FnOnce(&mut Command),
+) -> (Running, Pids, u32, u32) {
     let (child_file, grandchild_file) = (
         cluster.dir().join(format!("{resource}-child")),
         cluster.dir().join(format!("{resource}-gc")),
@@ -21,7 +35,9 @@ fn family(cluster: &common::Cluster, resource: &str, prelude: &str) -> (Running,
         grandchild_file.display(),
         child_file.display()
     );
-    let run = Running::spawn(run_sh(&cluster.urls().join(","), resource, &script));
+    let mut cmd = run_sh(&cluster.urls().join(","), resource, &script);
+    setup(&mut cmd);
+    let run = Running::spawn(cmd);
     let mut pids = Pids::default();
     let child = pids.read(&child_file);
     let grandchild = pids.read(&grandchild_file);
@@ -159,6 +175,98 @@ fn sigterm_to_quorumlock_reaches_the_command_and_the_lock_is_released() {
     signal(run.pid(), libc::SIGINT);
     let (code, err) = run.finish(Duration::from_secs(30));
     assert_eq!(code, Some(130), "{err}");
+
+    // SIGHUP (the terminal went away): 128 + 1.
+    let ready = cluster.dir().join("ready-hup");
+    let script = format!("echo $$ > '{}'; exec sleep 1000", ready.display());
+    let mut run = Running::spawn(run_sh(&nodes, "cli:term", &script));
+    pids.read(&ready);
+    signal(run.pid(), libc::SIGHUP);
+    let (code, err) = run.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(129), "{err}");
+}
+
+#[test]
+fn a_lock_taken_away_on_a_majority_stops_the_group_sigterm_first_and_exits_70() {
+    let cluster = common::Cluster::start(3);
+    let marker = cluster.dir().join("lost-got-term");
+    // The child leaves on SIGTERM (inside the TERM->KILL window): the grandchild goes
+    // with the same SIGTERM; the exit code still says the lock was lost.
+    let prelude = format!("trap 'echo term > \"{}\"; exit 0' TERM; ", marker.display());
+    let (mut run, _pids, child, grandchild) = family(&cluster, "cli:lost", &prelude);
+    let mut admins = cluster.admins();
+    for admin in &mut admins[..2] {
+        assert_eq!(admin.del("cli:lost"), 1);
+    }
+    // The next extend (ttl/3 = 2 s) finds the key gone on a majority.
+    assert!(
+        common::wait_until(Duration::from_secs(30), || {
+            gone_or_zombie(child) && gone_or_zombie(grandchild)
+        }),
+        "the process group was not stopped"
+    );
+    let (code, err) = run.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(70), "{err}");
+    assert!(err.contains("the lock was lost"), "{err}");
+    assert!(
+        marker.exists(),
+        "the command was not sent SIGTERM first: {err}"
+    );
+    assert!(common::wait_until(Duration::from_secs(10), || {
+        admins.iter_mut().all(|a| !a.exists("cli:lost"))
+    }));
+}
+
+#[test]
+fn the_watchdog_outlives_a_sigquit_to_quorumlocks_whole_group_and_kills_the_command_group() {
+    let cluster = common::Cluster::start(3);
+    let (mut run, _pids, child, grandchild) = family_with(&cluster, "cli:quit", "", |cmd| {
+        // Its own group, as a shell job is, and no core file when SIGQUIT kills it.
+        cmd.process_group(0);
+        // SAFETY: setrlimit with a valid stack value, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                let none = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::setrlimit(libc::RLIMIT_CORE, &none);
+                Ok(())
+            });
+        }
+    });
+    // ^\ on a terminal: SIGQUIT to quorumlock and its watchdog. quorumlock dies of it
+    // (it does not catch it); the child goes by its parent-death signal, the
+    // grandchild only by the watchdog.
+    // SAFETY: kill with plain integers, to the group of a process this test started.
+    assert_eq!(unsafe { libc::kill(-(run.pid() as i32), libc::SIGQUIT) }, 0);
+    let (code, _) = run.finish(Duration::from_secs(10));
+    assert_eq!(code, None, "killed by SIGQUIT");
+    assert!(
+        common::wait_until(Duration::from_secs(10), || {
+            gone_or_zombie(child) && gone_or_zombie(grandchild)
+        }),
+        "the command or its child outlived quorumlock"
+    );
+}
+
+#[test]
+fn the_watchdog_is_let_go_and_reaped_when_run_ends_normally() {
+    let cluster = common::Cluster::start(3);
+    let (mut run, mut pids, child, _) = family(&cluster, "cli:reaped", "");
+    // quorumlock's children: the command and the watchdog.
+    let mut watchdog = None;
+    assert!(common_wait(Duration::from_secs(10), || {
+        watchdog = children(run.pid()).into_iter().find(|&p| p != child);
+        watchdog.is_some()
+    }));
+    let watchdog = watchdog.unwrap();
+    pids.0.push(watchdog);
+    assert!(!gone_or_zombie(watchdog));
+    signal(run.pid(), libc::SIGTERM);
+    let (code, err) = run.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(128 + libc::SIGTERM), "{err}");
+    assert!(gone_or_zombie(watchdog), "the watchdog outlived quorumlock");
 }
 
 #[test]

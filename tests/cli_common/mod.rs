@@ -2,6 +2,7 @@
 //! stopped by pid on drop (also when an assertion fails), and pid files.
 #![allow(dead_code)]
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
@@ -60,16 +61,36 @@ impl Running {
     }
 
     /// Waits for it to exit (within `timeout`, else panics); its exit code and stderr.
+    /// Its stderr is read by a thread and taken as far as it got a moment after the
+    /// exit: a process that outlived quorumlock and still holds that pipe (the very bug
+    /// some tests look for) must fail their assertions, not hang them.
     pub fn finish(&mut self, timeout: Duration) -> (Option<i32>, String) {
         let mut child = self.0.take().expect("running");
         let pid = child.id();
+        let mut stderr = child.stderr.take().expect("stderr piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = stderr.read(&mut buf) {
+                if tx.send(buf[..n].to_vec()).is_err() {
+                    return;
+                }
+            }
+        });
         if !common_wait(timeout, || gone_or_zombie(pid)) {
             let _ = child.kill();
             let _ = child.wait();
             panic!("quorumlock (pid {pid}) did not exit within {timeout:?}");
         }
-        let out = child.wait_with_output().expect("wait quorumlock");
-        (out.status.code(), text(&out.stderr))
+        let status = child.wait().expect("wait quorumlock");
+        let mut err = Vec::new();
+        let until = std::time::Instant::now() + Duration::from_secs(2);
+        while let Ok(chunk) =
+            rx.recv_timeout(until.saturating_duration_since(std::time::Instant::now()))
+        {
+            err.extend_from_slice(&chunk);
+        }
+        (status.code(), text(&err))
     }
 }
 
@@ -140,7 +161,37 @@ pub fn gone_or_zombie(pid: u32) -> bool {
     }
 }
 
-fn common_wait(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+/// The processes whose parent is `pid` (from /proc).
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let fields = stat[stat.rfind(')')? + 1..].to_string();
+                    fields.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// Whether `pid` has a handler installed for `sig` (its SigCgt mask in /proc).
+pub fn catches(pid: u32, sig: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+            u64::from_str_radix(mask.trim(), 16).ok()
+        })
+        .is_some_and(|mask| mask & (1 << (sig - 1)) != 0)
+}
+
+/// Waits for `f` to hold, checking every 5 ms, until `timeout`; whether it did.
+pub fn common_wait(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + timeout;
     loop {
         if f() {
