@@ -221,9 +221,11 @@ fn a_lock_taken_away_on_a_majority_stops_the_group_sigterm_first_and_exits_70() 
 fn the_watchdog_outlives_a_sigquit_to_quorumlocks_whole_group_and_kills_the_command_group() {
     let cluster = common::Cluster::start(3);
     let (mut run, _pids, child, grandchild) = family_with(&cluster, "cli:quit", "", |cmd| {
-        // Its own group, as a shell job is, and no core file when SIGQUIT kills it.
+        // Its own group, as a shell job is; SIGQUIT at its default action (a shell's
+        // background job, the test run included, may inherit it ignored), and no core
+        // file when it kills.
         cmd.process_group(0);
-        // SAFETY: setrlimit with a valid stack value, between fork and exec.
+        // SAFETY: setrlimit and signal with valid arguments, between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
                 let none = libc::rlimit {
@@ -231,6 +233,7 @@ fn the_watchdog_outlives_a_sigquit_to_quorumlocks_whole_group_and_kills_the_comm
                     rlim_max: 0,
                 };
                 libc::setrlimit(libc::RLIMIT_CORE, &none);
+                libc::signal(libc::SIGQUIT, libc::SIG_DFL);
                 Ok(())
             });
         }
