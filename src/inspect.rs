@@ -11,6 +11,8 @@
 //!   client's [`Limits`](crate::Limits) (`INFO` text may take 16 KiB whatever they say):
 //!   a hostile or broken server costs a bounded buffer and a typed error, never a panic.
 //! - Replies are parsed by the crate's own RESP2 decoder.
+//! - A Unix socket is connected without a timeout (std offers none): local, it only
+//!   blocks while the server's listen backlog is full. Its replies are bounded as above.
 
 use crate::config::{Address, Endpoint, Settings};
 use crate::core::session::Identity;
@@ -26,28 +28,11 @@ use std::time::{Duration, Instant};
 const INFO_MAX: usize = 16 * 1024;
 
 /// What one node holds for a resource, and who the node is: one line of
-/// `quorumlock status`. Made by [`inspect`].
-///
-/// # Example
-///
-/// ```no_run
-/// let settings = quorumlock::Redlock::builder()
-///     .nodes(["redis://127.0.0.1:7001"])
-///     .settings()?;
-/// for view in quorumlock::inspect(&settings, b"nightly-report") {
-///     match view {
-///         Ok(v) if v.value.is_some() => println!("{}: held, pttl {:?}", v.node, v.pttl),
-///         Ok(v) => println!("{}: free", v.node),
-///         Err(e) => println!("{e}"),
-///     }
-/// }
-/// # Ok::<(), quorumlock::ConfigError>(())
-/// ```
+/// `quorumlock status`. Made by [`inspect`] (see its example), which says which node
+/// by the entry's place in its result.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NodeView {
-    /// The node's URL, any password replaced by `***`.
-    pub node: String,
     /// The key's value (for a lock of this crate: its token, 32 lowercase hex digits);
     /// `None` when the key does not exist.
     pub value: Option<Vec<u8>>,
@@ -59,44 +44,13 @@ pub struct NodeView {
     pub uptime: Option<Duration>,
 }
 
-/// Why one node could not be inspected, naming the node (its URL without password).
-///
-/// # Example
-///
-/// ```no_run
-/// let settings = quorumlock::Redlock::builder()
-///     .nodes(["redis://127.0.0.1:1"])
-///     .settings()?;
-/// if let Err(e) = &quorumlock::inspect(&settings, b"r")[0] {
-///     eprintln!("{}: {}", e.node, e.error);
-/// }
-/// # Ok::<(), quorumlock::ConfigError>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct InspectError {
-    /// The node's URL, any password replaced by `***`.
-    pub node: String,
-    /// What went wrong.
-    pub error: NodeError,
-}
-
-impl std::fmt::Display for InspectError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.node, self.error)
-    }
-}
-
-impl std::error::Error for InspectError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
-    }
-}
-
 /// Reads `resource` on every node of `settings`, one after the other, over a fresh
 /// blocking connection each (closed before the next): `GET`, `PTTL` and `INFO server`.
-/// One entry per node, in configuration order. Each node costs at most
-/// `connect_timeout + node_timeout`; nothing on any node is changed.
+/// One entry per node, in configuration order: entry `i` is `settings.nodes[i]`, whose
+/// `Display` names it without its password. A node that could not be read gives the
+/// crate's own [`NodeError`], as in a lock call's [`NodeReport`](crate::NodeReport). Each
+/// node costs at most `connect_timeout + node_timeout` (but see the invariants for Unix
+/// sockets); nothing on any node is changed.
 ///
 /// For operators and tools (`quorumlock status`), not for deciding who holds a lock:
 /// the nodes are read at different moments, and only an acquire is a decision.
@@ -108,20 +62,20 @@ impl std::error::Error for InspectError {
 ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
 ///     .settings()?;
 /// let views = quorumlock::inspect(&settings, b"orders:42");
-/// let held = views.iter().filter(|v| matches!(v, Ok(v) if v.value.is_some())).count();
-/// println!("the key exists on {held} of {} nodes", views.len());
+/// for (node, view) in settings.nodes.iter().zip(&views) {
+///     match view {
+///         Ok(v) if v.value.is_some() => println!("{node}: held, pttl {:?}", v.pttl),
+///         Ok(_) => println!("{node}: free"),
+///         Err(e) => println!("{node}: {e}"),
+///     }
+/// }
 /// # Ok::<(), quorumlock::ConfigError>(())
 /// ```
-pub fn inspect(settings: &Settings, resource: &[u8]) -> Vec<Result<NodeView, InspectError>> {
+pub fn inspect(settings: &Settings, resource: &[u8]) -> Vec<Result<NodeView, NodeError>> {
     settings
         .nodes
         .iter()
-        .map(|node| {
-            view(node, settings, resource).map_err(|error| InspectError {
-                node: node.to_string(),
-                error,
-            })
-        })
+        .map(|node| view(node, settings, resource))
         .collect()
 }
 
@@ -311,7 +265,6 @@ fn view(node: &Endpoint, settings: &Settings, resource: &[u8]) -> Result<NodeVie
         _ => Err(NodeError::UnexpectedReply("INFO answered other than text")),
     })?;
     Ok(NodeView {
-        node: node.to_string(),
         value,
         pttl,
         // A run_id is hex by `Identity::parse`'s check.
@@ -323,3 +276,4 @@ fn view(node: &Endpoint, settings: &Settings, resource: &[u8]) -> Result<NodeVie
 fn server_error(e: &[u8]) -> NodeError {
     NodeError::Server(e.escape_ascii().to_string())
 }
+

@@ -40,11 +40,11 @@ fn fail(e: &quorumlock::Error) -> u8 {
 pub fn status(settings: &Settings, resource: &str) -> u8 {
     let views = quorumlock::inspect(settings, resource.as_bytes());
     let mut tokens: Vec<(&[u8], usize)> = Vec::new();
-    for (i, view) in views.iter().enumerate() {
+    for (i, (node, view)) in settings.nodes.iter().zip(&views).enumerate() {
         let v = match view {
             Ok(v) => v,
             Err(e) => {
-                println!("node {i} {}: error: {}", e.node, e.error);
+                println!("node {i} {node}: error: {e}");
                 continue;
             }
         };
@@ -63,7 +63,7 @@ pub fn status(settings: &Settings, resource: &str) -> u8 {
         let uptime = v
             .uptime
             .map_or("unknown".to_string(), |u| format!("{}s", u.as_secs()));
-        println!("node {i} {}: {key} run_id={run_id} uptime={uptime}", v.node);
+        println!("node {i} {node}: {key} run_id={run_id} uptime={uptime}");
     }
     let quorum = views.len() / 2 + 1;
     match tokens.iter().max_by_key(|(_, n)| *n) {
