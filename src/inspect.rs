@@ -277,3 +277,131 @@ fn server_error(e: &[u8]) -> NodeError {
     NodeError::Server(e.escape_ascii().to_string())
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use std::thread;
+
+    const RUN_ID: &str = "0123456789abcdef0123456789abcdef01234567";
+
+    /// A one-connection server: reads the client's commands, writes `reply` in pieces of
+    /// `piece` bytes (a trickle when small), then holds the connection until the client
+    /// hangs up, or closes it at once when `close`.
+    fn server(reply: Vec<u8>, piece: usize, close: bool) -> (Settings, thread::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let settings = crate::Redlock::builder()
+            .nodes([format!("redis://{}", listener.local_addr().unwrap())])
+            .node_timeout(Duration::from_millis(500))
+            .settings()
+            .unwrap();
+        let t = thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            for chunk in reply.chunks(piece) {
+                if s.write_all(chunk).is_err() {
+                    return;
+                }
+            }
+            if !close {
+                while matches!(s.read(&mut buf), Ok(1..)) {}
+            }
+        });
+        (settings, t)
+    }
+
+    fn info() -> Vec<u8> {
+        let text = format!("# Server\r\nrun_id:{RUN_ID}\r\nuptime_in_seconds:42\r\n");
+        format!("${}\r\n{text}\r\n", text.len()).into_bytes()
+    }
+
+    fn one(reply: Vec<u8>, piece: usize, close: bool) -> Result<NodeView, NodeError> {
+        let (settings, t) = server(reply, piece, close);
+        let mut views = inspect(&settings, b"res");
+        t.join().unwrap();
+        assert_eq!(views.len(), 1);
+        views.pop().unwrap()
+    }
+
+    #[test]
+    fn a_held_key_read_in_pieces_of_one_byte() {
+        let mut reply = b"$5\r\ntoken\r\n:5000\r\n".to_vec();
+        reply.extend(info());
+        let v = one(reply, 1, false).unwrap();
+        assert_eq!(v.value.as_deref(), Some(&b"token"[..]));
+        assert_eq!(v.pttl, Some(Duration::from_millis(5000)));
+        assert_eq!(v.run_id.as_deref(), Some(RUN_ID));
+        assert_eq!(v.uptime, Some(Duration::from_secs(42)));
+    }
+
+    #[test]
+    fn a_missing_key_and_an_info_refused_by_an_acl() {
+        let v = one(
+            b"$-1\r\n:-2\r\n-NOPERM no INFO for you\r\n".to_vec(),
+            64,
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            (v.value, v.pttl, v.run_id, v.uptime),
+            (None, None, None, None)
+        );
+    }
+
+    #[test]
+    fn hostile_or_broken_replies_are_typed_errors() {
+        let huge = format!("${}\r\n", 1u64 << 40).into_bytes();
+        type Case = (Vec<u8>, fn(&NodeError) -> bool);
+        let cases: Vec<Case> = vec![
+            (b"HTTP/1.1 400 Bad Request\r\n\r\n".to_vec(), |e| {
+                matches!(e, NodeError::Protocol(_))
+            }),
+            (huge, |e| matches!(e, NodeError::Protocol(_))),
+            (b":1\r\n:1\r\n".to_vec(), |e| {
+                matches!(e, NodeError::UnexpectedReply(_))
+            }),
+            (b"$-1\r\n$1\r\nx\r\n".to_vec(), |e| {
+                matches!(e, NodeError::UnexpectedReply(_))
+            }),
+            (
+                b"-WRONGTYPE \xff\x00\r\n".to_vec(),
+                |e| matches!(e, NodeError::Server(m) if m.contains("\\xff")),
+            ),
+            (b"$-1\r\n:-2\r\n:7\r\n".to_vec(), |e| {
+                matches!(e, NodeError::UnexpectedReply(_))
+            }),
+        ];
+        for (reply, expected) in cases {
+            let shown = reply.escape_ascii().to_string();
+            let e = one(reply, 64, false).unwrap_err();
+            assert!(expected(&e), "{shown}: {e:?}");
+        }
+        // Cut short: the server closes in the middle of a reply.
+        let e = one(b"$5\r\ntok".to_vec(), 64, true).unwrap_err();
+        assert_eq!(e, NodeError::Closed);
+    }
+
+    #[test]
+    fn a_silent_node_costs_no_more_than_its_timeouts() {
+        // Never accepted, never answered: the kernel completes the connect (backlog).
+        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let settings = crate::Redlock::builder()
+            .nodes([format!("redis://{}", silent.local_addr().unwrap())])
+            .node_timeout(Duration::from_millis(200))
+            .connect_timeout(Duration::from_millis(300))
+            .settings()
+            .unwrap();
+        let started = Instant::now();
+        let views = inspect(&settings, b"res");
+        let took = started.elapsed();
+        assert!(
+            matches!(&views[0], Err(NodeError::Io(io::ErrorKind::TimedOut, _))),
+            "{views:?}"
+        );
+        // The guarantee is a deadline: connect_timeout + node_timeout (500 ms), with
+        // room for a loaded machine.
+        assert!(took < Duration::from_secs(5), "{took:?}");
+    }
+}
