@@ -7,7 +7,7 @@ mod cli_common;
 mod common;
 
 use cli_common::{
-    Pids, Running, catches, children, common_wait, gone_or_zombie, quorumlock, run_sh, signal,
+    Pids, Running, children, common_wait, gone_or_zombie, quorumlock, run_sh, signal,
 };
 use std::os::unix::process::CommandExt;
 use std::process::Command;
