@@ -40,6 +40,8 @@
 //! - [`Error`] and its parts ([`Failure`], [`NodeReport`], [`Outcome`], [`NodeError`],
 //!   [`ConfigError`], [`ArgumentError`], [`OsError`]): what went wrong, where.
 //! - [`Limits`], [`MAX_RESOURCE`], [`MAX_TTL`], [`INLINE_RESOURCE`]: the bounds.
+//! - [`inspect`] ([`NodeView`]): what every node holds for a resource, for operators
+//!   (`quorumlock status`); off the lock path.
 //!
 //! Everything else is private: `resp` (the RESP2 codec), `core` (Redlock as plain data:
 //! quorum arithmetic, rounds of votes, scripts, tokens; time is passed in) and `driver`
@@ -62,6 +64,7 @@ mod core;
 mod driver;
 mod error;
 mod fencing;
+mod inspect;
 mod lock;
 mod lock_all;
 mod redlock;
@@ -72,6 +75,7 @@ pub use config::{Builder, Endpoint, Settings};
 pub use error::{
     ArgumentError, ConfigError, Error, Failure, NodeError, NodeReport, OsError, Outcome, Phase,
 };
+pub use inspect::{NodeView, inspect};
 pub use lock::{INLINE_RESOURCE, Lock};
 pub use redlock::{MAX_RESOURCE, MAX_TTL, Redlock};
 pub use resp::{Limits, ProtocolError};

@@ -1,84 +1,452 @@
-//! The command-line tool: runs a command under the lock, passes its exit status through,
-//! refuses a held lock with EX_TEMPFAIL, and rejects bad settings with EX_USAGE.
+//! The command-line tool, action by action: every exit code, strict parsing, `--help`,
+//! `try`, `status`, `bench`, waiting with `--wait`. (The process-group and signal
+//! scenarios of `run` are in tests/cli_run.rs.)
 
+mod cli_common;
 mod common;
 
-use std::process::{Command, Stdio};
+use cli_common::{Running, bare, quorumlock, show, text};
 use std::time::Duration;
 
-/// The CLI with a node timeout of 1 s (not its 50 ms default): on a loaded machine a
-/// healthy node must not miss a round.
-fn quorumlock(nodes: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_quorumlock"));
-    cmd.arg("--nodes")
-        .arg(nodes)
-        .args(["--timeout", "1000"])
-        .args(args)
-        .stdin(Stdio::null());
-    cmd
+/// A `run` that holds `resource` until the test creates the file it returns.
+fn hold(nodes: &str, cluster: &common::Cluster, resource: &str) -> (Running, std::path::PathBuf) {
+    let done = cluster.dir().join(format!("{resource}-done"));
+    let script = format!("while [ ! -e '{}' ]; do sleep 0.02; done", done.display());
+    let holder = Running::spawn(quorumlock(
+        nodes,
+        &[
+            "--ttl",
+            "6s",
+            "--kill-after",
+            "500ms",
+            "run",
+            resource,
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    let mut admin = cluster.node(0).admin();
+    assert!(
+        common::wait_until(Duration::from_secs(20), || admin.exists(resource)),
+        "the holder never took {resource}"
+    );
+    (holder, done)
 }
 
 #[test]
-fn run_holds_the_lock_for_the_command_and_passes_its_status_through() {
+fn help_and_version_go_to_stdout_with_status_0() {
+    let out = bare(&["--help"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let help = text(&out.stdout);
+    for needle in [
+        "run RESOURCE -- COMMAND",
+        "try RESOURCE",
+        "status RESOURCE",
+        "bench",
+        "--kill-after DURATION",
+        "(default 2s",
+        "--ttl DURATION",
+        "(default 30s)",
+        "--wait DURATION",
+        "QUORUMLOCK_NODES",
+        "EXIT STATUS",
+        "75",
+        "69",
+        "70",
+        "64",
+        "127",
+        "kill-after + timeout + (kill-after + timeout) / 4",
+        "EXAMPLE",
+    ] {
+        assert!(help.contains(needle), "--help lacks {needle:?}:\n{help}");
+    }
+    assert!(out.stderr.is_empty());
+    let out = bare(&["try", "x", "-h"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+
+    let out = bare(&["--version"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        text(&out.stdout),
+        format!("quorumlock {}\n", env!("CARGO_PKG_VERSION"))
+    );
+    assert_eq!(bare(&["-V"]).output().unwrap().stdout, out.stdout);
+}
+
+#[test]
+fn every_kind_of_bad_argument_is_a_usage_error_before_anything_runs() {
+    let dir = std::env::temp_dir().join(format!("quorumlock-cli-usage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let marker = dir.join("ran");
+    let touch = format!("touch '{}'", marker.display());
+    let node = "redis://127.0.0.1:1";
+    let cases: Vec<Vec<&str>> = vec![
+        vec![],                                                 // no action
+        vec!["frob", "x"],                                      // unknown action
+        vec!["try"],                                            // missing resource
+        vec!["try", "x", "y"],                                  // extra positional
+        vec!["try", "x", "--bogus"],                            // unknown option
+        vec!["try", "x", "--ttl"],                              // missing value
+        vec!["try", "x", "--ttl", "soon"],                      // not a duration
+        vec!["try", "x", "--ttl", "10q"],                       // bad unit
+        vec!["try", "x", "--ttl", "0"],                         // zero ttl
+        vec!["try", "x", "--ttl", "99999999999999999999h"],     // overflow
+        vec!["try", "x", "--timeout", "0s"],                    // zero timeout
+        vec!["try", "x", "--", "sh"],                           // a command for try
+        vec!["try", "x", "--count", "3"],                       // bench's option
+        vec!["run", "x", "sh", "-c", "true"],                   // no --
+        vec!["run", "x", "--"],                                 // no command
+        vec!["run", "x", "--ttl=2s", "--", "sh", "-c", &touch], // ttl <= kill-after
+        vec![
+            "run",
+            "x",
+            "--ttl",
+            "4s",
+            "--kill-after",
+            "3s",
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+    ];
+    for args in &cases {
+        let out = quorumlock(node, args).output().unwrap();
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", show(&out));
+        assert!(out.stdout.is_empty(), "{args:?}: {}", show(&out));
+        let err = text(&out.stderr);
+        assert!(
+            err.starts_with("quorumlock: ") && err.ends_with("try 'quorumlock --help'\n"),
+            "{args:?}: {}",
+            show(&out)
+        );
+        assert_eq!(err.lines().count(), 2, "{args:?}: {}", show(&out));
+    }
+    assert!(!marker.exists(), "a refused run ran its command");
+
+    // Bad node URLs, named without their password; no nodes at all.
+    let out = quorumlock("http://x", &["try", "r"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", show(&out));
+    assert!(text(&out.stderr).contains("scheme"));
+    let out = quorumlock("redis://app:hunter2@127.0.0.1:99999", &["status", "r"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", show(&out));
+    assert!(!text(&out.stderr).contains("hunter2"), "{}", show(&out));
+    let out = bare(&["try", "r"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", show(&out));
+    assert!(text(&out.stderr).contains("QUORUMLOCK_NODES"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn run_passes_the_commands_status_through_as_a_shell_would() {
     let cluster = common::Cluster::start(3);
     let nodes = cluster.urls().join(",");
-    let status = quorumlock(&nodes, &["run", "cli:a", "--", "sh", "-c", "exit 3"])
-        .status()
-        .unwrap();
-    assert_eq!(status.code(), Some(3));
-
-    // While one `run` holds the lock, `try` is refused with 75. The held command runs
-    // until the test lets it go (a file appears), not for a fixed time.
-    let done = cluster.dir().join("cli-b-done");
-    let script = format!("while [ ! -e '{}' ]; do sleep 0.02; done", done.display());
-    let mut holder = quorumlock(
+    let run = |args: &[&str]| {
+        let mut all = vec![
+            "--ttl",
+            "6s",
+            "--kill-after",
+            "500ms",
+            "run",
+            "cli:status",
+            "--",
+        ];
+        all.extend_from_slice(args);
+        quorumlock(&nodes, &all).output().unwrap()
+    };
+    assert_eq!(run(&["true"]).status.code(), Some(0));
+    assert_eq!(run(&["sh", "-c", "exit 3"]).status.code(), Some(3));
+    // Killed by SIGUSR1 (10): 128 + 10.
+    assert_eq!(run(&["sh", "-c", "kill -USR1 $$"]).status.code(), Some(138));
+    // Options after the action and resource, the command's own options after --.
+    let out = quorumlock(
         &nodes,
-        &["--ttl", "2000", "run", "cli:b", "--", "sh", "-c", &script],
+        &[
+            "run",
+            "cli:status",
+            "--ttl=6s",
+            "--kill-after",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$0\" --ttl",
+            "zero",
+        ],
     )
-    .spawn()
+    .output()
     .unwrap();
-    let mut admin = cluster.node(0).admin();
-    assert!(common::wait_until(Duration::from_secs(10), || admin.exists("cli:b")));
-    // The holder extends the ttl (every ttl/3): seen on the node as a PTTL that goes up.
-    let mut last = admin.pttl("cli:b");
-    assert!(
-        common::wait_until(Duration::from_secs(10), || {
-            let now = admin.pttl("cli:b");
-            let extended = now > last;
-            last = now;
-            extended
-        }),
-        "the holder never extended its lock (PTTL {last})"
-    );
-    let out = quorumlock(&nodes, &["--retries", "0", "try", "cli:b"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(75),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("held by another client"));
-    std::fs::write(&done, b"").unwrap();
-    assert_eq!(holder.wait().unwrap().code(), Some(0));
-    // Released at the end (the unlock may reach node 0 after the quorum answered).
-    assert!(common::wait_until(Duration::from_secs(10), || !admin.exists("cli:b")));
-    let out = quorumlock(&nodes, &["try", "cli:b"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert_eq!(text(&out.stdout), "zero --ttl\n");
+
+    let out = run(&["/nonexistent/quorumlock-test-command"]);
+    assert_eq!(out.status.code(), Some(127), "{}", show(&out));
+    let not_executable = cluster.dir().join("not-executable");
+    std::fs::write(&not_executable, "#!/bin/sh\n").unwrap();
+    let out = run(&[not_executable.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(126), "{}", show(&out));
+    // Released every time: the lock is free.
+    let out = quorumlock(&nodes, &["try", "cli:status"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
 }
 
 #[test]
-fn bad_settings_are_usage_errors() {
-    let out = quorumlock("http://x", &["try", "r"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(64));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("scheme"));
-    let out = quorumlock("redis://127.0.0.1:1", &["--ttl", "soon", "try", "r"])
+fn try_and_status_while_a_run_holds_the_lock_and_after() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+
+    let out = quorumlock(&nodes, &["try", "cli:probe"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(text(&out.stdout).contains("acquired \"cli:probe\""));
+    assert!(out.stderr.is_empty(), "{}", show(&out));
+    let out = quorumlock(&nodes, &["status", "cli:probe"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(64));
-    let out = quorumlock("redis://127.0.0.1:1", &["run", "r", "true"])
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+
+    let (mut holder, done) = hold(&nodes, &cluster, "cli:probe");
+    let out = quorumlock(&nodes, &["try", "cli:probe"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", show(&out));
+    assert!(out.stdout.is_empty(), "{}", show(&out));
+    assert!(
+        text(&out.stderr).contains("held by another client"),
+        "{}",
+        show(&out)
+    );
+
+    let token = cluster.node(0).admin().get("cli:probe").unwrap();
+    let token = text(&token);
+    let out = quorumlock(&nodes, &["status", "cli:probe"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(64));
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{stdout}");
+    for (i, line) in lines[..3].iter().enumerate() {
+        assert!(
+            line.starts_with(&format!("node {i} {}", cluster.url(i))),
+            "{line}"
+        );
+        assert!(line.contains(&format!("token={token}")), "{line}");
+        assert!(line.contains("pttl=") && line.contains("run_id=") && line.contains("uptime="));
+    }
+    assert!(
+        lines[3].contains("is held") && lines[3].contains("3 of 3"),
+        "{stdout}"
+    );
+
+    std::fs::write(&done, b"").unwrap();
+    assert_eq!(holder.finish(Duration::from_secs(30)).0, Some(0));
+    let mut admins = cluster.admins();
+    assert!(common::wait_until(Duration::from_secs(10), || {
+        admins.iter_mut().all(|a| !a.exists("cli:probe"))
+    }));
+    let out = quorumlock(&nodes, &["status", "cli:probe"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert!(text(&out.stdout).contains("free"));
+}
+
+#[test]
+fn status_says_which_nodes_fail_and_whether_a_majority_holds() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let (mut holder, done) = hold(&nodes, &cluster, "cli:minority");
+    cluster.node(2).kill();
+    // Two of three still hold the token: a majority.
+    let out = quorumlock(&nodes, &["status", "cli:minority"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(
+        text(&out.stdout).lines().nth(2).unwrap().contains("error"),
+        "{}",
+        show(&out)
+    );
+    // Delete it on one more: no majority.
+    cluster.node(1).admin().del("cli:minority");
+    let out = quorumlock(&nodes, &["status", "cli:minority"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    std::fs::write(&done, b"").unwrap();
+    // The holder notices the loss (or not, depending on timing): either way it ends.
+    let _ = holder.finish(Duration::from_secs(30));
+}
+
+#[test]
+fn nodes_that_do_not_answer_are_unavailable_69() {
+    let nodes: Vec<String> = (0..3)
+        .map(|_| format!("redis://127.0.0.1:{}", common::free_port()))
+        .collect();
+    let nodes = nodes.join(",");
+    for args in [
+        &["try", "cli:down"][..],
+        &["bench", "--count", "5"],
+        &[
+            "--ttl",
+            "6s",
+            "--kill-after",
+            "1s",
+            "run",
+            "cli:down",
+            "--",
+            "sh",
+            "-c",
+            "exit 9",
+        ],
+    ] {
+        let out = quorumlock(&nodes, args).output().unwrap();
+        assert_eq!(out.status.code(), Some(69), "{args:?}: {}", show(&out));
+        assert!(
+            text(&out.stderr).contains("too few Redis nodes answered"),
+            "{}",
+            show(&out)
+        );
+    }
+    let out = quorumlock(&nodes, &["status", "cli:down"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert_eq!(
+        text(&out.stdout).matches(": error: ").count(),
+        3,
+        "{}",
+        show(&out)
+    );
+}
+
+#[test]
+fn wait_gives_up_with_75_or_gets_the_lock_when_the_holder_releases() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let (mut holder, done) = hold(&nodes, &cluster, "cli:wait");
+    let marker = cluster.dir().join("waiter-ran");
+    let touch = format!("touch '{}'", marker.display());
+    let run = |wait: &str| {
+        quorumlock(
+            &nodes,
+            &[
+                "--ttl",
+                "6s",
+                "--kill-after",
+                "500ms",
+                "--wait",
+                wait,
+                "run",
+                "cli:wait",
+                "--",
+                "sh",
+                "-c",
+                &touch,
+            ],
+        )
+    };
+    let out = run("300ms").output().unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", show(&out));
+    assert!(!marker.exists());
+    // Without --wait: one attempt.
+    let out = cli_common::run(&nodes, "cli:wait", &["true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", show(&out));
+
+    // A signal while waiting: given up, with 128 + n, and nothing run.
+    let mut waiter = Running::spawn(run("60s"));
+    let pid = waiter.pid();
+    assert!(common::wait_until(Duration::from_secs(10), || {
+        cli_common::catches(pid, libc::SIGINT)
+    }));
+    cli_common::signal(pid, libc::SIGINT);
+    let (code, err) = waiter.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(130), "{err}");
+    assert!(err.contains("nothing was run"), "{err}");
+    assert!(!marker.exists());
+
+    let mut waiter = Running::spawn(run("60s"));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!marker.exists(), "the waiter ran while the lock was held");
+    std::fs::write(&done, b"").unwrap();
+    assert_eq!(holder.finish(Duration::from_secs(30)).0, Some(0));
+    let (code, err) = waiter.finish(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(marker.exists());
+}
+
+#[test]
+fn bench_measures_and_leaves_no_key_behind() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let out = quorumlock(&nodes, &["bench", "--count", "50"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let table = text(&out.stdout);
+    for needle in [
+        "locks/s",
+        "p50",
+        "p99",
+        "acquire",
+        "release",
+        "50 (0 failed)",
+    ] {
+        assert!(table.contains(needle), "{needle:?} missing: {}", show(&out));
+    }
+    assert!(text(&out.stderr).contains("bench:"), "{}", show(&out));
+    let mut admins = cluster.admins();
+    assert!(common::wait_until(Duration::from_secs(10), || {
+        admins.iter_mut().all(|a| a.keys_count() == 0)
+    }));
+    let out = quorumlock(&nodes, &["bench", "--duration", "300ms"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+}
+
+#[test]
+fn nodes_come_from_the_environment_unless_given() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let out = bare(&["try", "cli:env"])
+        .env("QUORUMLOCK_NODES", &nodes)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let out = bare(&["--nodes", &nodes, "try", "cli:env"])
+        .env("QUORUMLOCK_NODES", "http://not-a-node")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+}
+
+#[test]
+fn status_logs_in_with_the_urls_password_and_never_prints_it() {
+    let cluster = common::Cluster::start_with(3, &common::NodeOptions::with_password("s3cr3t-pw"));
+    let nodes = cluster.urls().join(",");
+    assert!(nodes.contains("s3cr3t-pw"));
+    let out = quorumlock(&nodes, &["try", "cli:pw"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let out = quorumlock(&nodes, &["status", "cli:pw"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let all = show(&out);
+    assert!(!all.contains("s3cr3t-pw"), "{all}");
+    assert_eq!(text(&out.stdout).matches(":***@").count(), 3, "{all}");
+    assert_eq!(text(&out.stdout).matches("run_id=").count(), 3, "{all}");
+    // A wrong password: each node says why, without the password either.
+    let wrong = nodes.replace("s3cr3t-pw", "wrong-pw");
+    let out = quorumlock(&wrong, &["status", "cli:pw"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    assert!(!show(&out).contains("wrong-pw"), "{}", show(&out));
+    assert_eq!(
+        text(&out.stdout).matches("AUTH/SELECT refused").count(),
+        3,
+        "{}",
+        show(&out)
+    );
 }

@@ -36,8 +36,11 @@ pub(crate) enum Op {
         attempts: u32,
         until: Option<Instant>,
     },
-    /// Acquire `key`, then keep it alive as a lease.
-    Lease,
+    /// Acquire `key` as `Lock` does, then keep it alive as a lease.
+    Lease {
+        attempts: u32,
+        until: Option<Instant>,
+    },
     /// Acquire every key of `keys` or none (`lock_all`), with retries.
     LockAll,
     /// Extend `lock` to `ttl`.

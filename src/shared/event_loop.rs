@@ -413,11 +413,8 @@ impl EventLoop {
     fn accept(&mut self, call: Arc<Call>, now: Instant) {
         let r = call.lock();
         match r.op {
-            Op::Lock { .. } | Op::Lease => {
-                let (attempts, until, lease) = match r.op {
-                    Op::Lock { attempts, until } => (attempts, until, false),
-                    _ => (self.rl.settings.retry_count.saturating_add(1), None, true),
-                };
+            Op::Lock { attempts, until } | Op::Lease { attempts, until } => {
+                let lease = matches!(r.op, Op::Lease { .. });
                 let ttl = r.ttl;
                 let checked = ttl_millis(ttl).and_then(|ms| {
                     self.rl.check_key(&r.key)?;
@@ -852,7 +849,9 @@ impl EventLoop {
         }
         let op = call.lock().op;
         match op {
-            Op::Lock { .. } | Op::Lease if !self.rl.settings.fencing && self.ready.is_empty() => {
+            Op::Lock { .. } | Op::Lease { .. }
+                if !self.rl.settings.fencing && self.ready.is_empty() =>
+            {
                 self.acquire_briefly(call)
             }
             Op::Unlock => self.unlock_briefly(call),

@@ -506,10 +506,7 @@ impl SharedRedlock {
         let attempts = self.settings().retry_count.saturating_add(1);
         let resource = resource.as_ref();
         let done = self
-            .run(|r| {
-                fill_lock(r, resource, ttl, attempts, None);
-                r.op = Op::Lease;
-            })
+            .run(|r| fill_lease(r, resource, ttl, attempts, None))
             .await;
         self.leased(done)
     }
@@ -522,10 +519,48 @@ impl SharedRedlock {
     ) -> Result<Lease, Error> {
         let attempts = self.settings().retry_count.saturating_add(1);
         let resource = resource.as_ref();
-        let done = self.blocking(|r| {
-            fill_lock(r, resource, ttl, attempts, None);
-            r.op = Op::Lease;
-        });
+        let done = self.blocking(|r| fill_lease(r, resource, ttl, attempts, None));
+        self.leased(done)
+    }
+
+    /// Acquires `resource` for `ttl` as [`SharedRedlock::lock_within`] does (trying
+    /// until `wait` has passed, woken when the holder releases it), then keeps it alive
+    /// as [`SharedRedlock::lease`] does. Same bounds and errors as `lock_within`.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn f(shared: quorumlock::SharedRedlock) -> Result<(), quorumlock::Error> {
+    /// let lease = shared
+    ///     .lease_within("nightly-report", Duration::from_secs(10), Duration::from_secs(60))
+    ///     .await?;
+    /// lease.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn lease_within(
+        &self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease, Error> {
+        let until = Instant::now().checked_add(wait);
+        let resource = resource.as_ref();
+        let done = self
+            .run(|r| fill_lease(r, resource, ttl, u32::MAX, until))
+            .await;
+        self.leased(done)
+    }
+
+    /// [`SharedRedlock::lease_within`], blocking the calling thread.
+    pub fn blocking_lease_within(
+        &self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lease, Error> {
+        let until = Instant::now().checked_add(wait);
+        let resource = resource.as_ref();
+        let done = self.blocking(|r| fill_lease(r, resource, ttl, u32::MAX, until));
         self.leased(done)
     }
 
@@ -621,6 +656,17 @@ fn fill_lock(
     r.key.clear();
     r.key.extend_from_slice(key);
     r.ttl = ttl;
+}
+
+fn fill_lease(
+    r: &mut call::Request,
+    key: &[u8],
+    ttl: Duration,
+    attempts: u32,
+    until: Option<Instant>,
+) {
+    fill_lock(r, key, ttl, attempts, until);
+    r.op = Op::Lease { attempts, until };
 }
 
 fn fill_all(r: &mut call::Request, keys: Vec<Box<[u8]>>, ttl: Duration) {

@@ -1,0 +1,98 @@
+//! `quorumlock`: run a command while holding a Redlock, like `flock(1)` across machines;
+//! probe (`try`), inspect (`status`) or measure (`bench`) a lock service.
+//! `quorumlock --help` (the text is in [`args::HELP`]) describes every option, the stop
+//! rule and the exit codes.
+//!
+//! # Layout
+//!
+//! - `args.rs`: strict parsing, durations, the help text.
+//! - `run.rs`: `run`: the command under a lease, the stop rule, signals forwarded.
+//! - `probe.rs`: `try`, `status`, `bench`.
+//! - `sys.rs`: signals, process groups, the watchdog: the only `unsafe` code.
+
+mod args;
+mod probe;
+mod run;
+mod sys;
+
+use args::{Action, Parsed};
+use quorumlock::{Error, Redlock};
+use std::process::ExitCode;
+
+/// Bad arguments, settings or node URLs (sysexits `EX_USAGE`).
+pub const EX_USAGE: u8 = 64;
+/// Too few nodes answered for a majority (`EX_UNAVAILABLE`).
+pub const EX_UNAVAILABLE: u8 = 69;
+/// The lock was lost while the command ran (`EX_SOFTWARE`).
+pub const EX_LOST: u8 = 70;
+/// The operating system refused a fork, a pipe or a signal handler (`EX_OSERR`).
+pub const EX_OSERR: u8 = 71;
+/// Held by another client (`EX_TEMPFAIL`).
+pub const EX_TEMPFAIL: u8 = 75;
+
+/// The exit code for a failed lock call.
+pub fn failure_code(e: &Error) -> u8 {
+    match e {
+        Error::Taken(_) => EX_TEMPFAIL,
+        Error::Unavailable(_) | Error::Expired(_) => EX_UNAVAILABLE,
+        Error::InvalidArgument(_) | Error::Config(_) => EX_USAGE,
+        _ => EX_OSERR,
+    }
+}
+
+fn usage_error(msg: &str) -> ExitCode {
+    eprintln!("quorumlock: {msg}");
+    eprintln!("try 'quorumlock --help'");
+    ExitCode::from(EX_USAGE)
+}
+
+fn main() -> ExitCode {
+    let argv: Result<Vec<String>, _> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string())
+        .collect();
+    let Ok(argv) = argv else {
+        return usage_error("arguments must be valid UTF-8");
+    };
+    let env_nodes = std::env::var("QUORUMLOCK_NODES").ok();
+    let args = match args::parse(&argv, env_nodes.as_deref()) {
+        Ok(Parsed::Help) => {
+            print!("{}", args::HELP);
+            return ExitCode::SUCCESS;
+        }
+        Ok(Parsed::Version) => {
+            println!("quorumlock {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Ok(Parsed::Go(args)) => args,
+        Err(msg) => return usage_error(&msg),
+    };
+    let builder = Redlock::builder()
+        .nodes(&args.nodes)
+        .node_timeout(args.timeout)
+        .retry_count(args.retries)
+        .retry_delay(args.retry_delay)
+        .retry_jitter(args.retry_delay / 2);
+    // Every setting and URL is checked here, before anything connects or runs.
+    let settings = match builder.clone().settings() {
+        Ok(s) => s,
+        Err(e) => return usage_error(&e.to_string()),
+    };
+    let code = match &args.action {
+        Action::Run { resource, command } => {
+            if let Err(msg) = run::check_rule(
+                args.ttl,
+                args.kill_after,
+                args.timeout,
+                settings.drift_factor,
+            ) {
+                return usage_error(&msg);
+            }
+            run::run(&args, builder, resource, command)
+        }
+        Action::Try { resource } => probe::try_once(builder, resource, args.ttl),
+        Action::Status { resource } => probe::status(&settings, resource),
+        Action::Bench => probe::bench(builder, &args),
+    };
+    ExitCode::from(code)
+}

@@ -1,0 +1,400 @@
+//! `run`: the command under a lease, stopped before the lease can expire under it.
+//!
+//! # The stop rule
+//!
+//! The lease's loop extends it every ttl/3 and reports it lost; this module only
+//! watches. Let `S = kill_after + node_timeout`. The command's process group gets
+//! SIGTERM as soon as the lease is lost or `lease.remaining() <= S + S/4` (the stop
+//! line), and SIGKILL `kill_after` later: with `node_timeout + S/4` of validity left.
+//! The SIGKILL's time is also capped by the deadline itself: it goes no later than
+//! `node_timeout + S/4` before it, so a watcher that woke late (its step is at most
+//! `S/8`, 50 ms; a loaded machine may add more), or a deadline moved earlier by a failed
+//! extend, shortens the TERM→KILL window instead of pushing the SIGKILL past the
+//! deadline; with no validity left to wait in, SIGKILL goes at once. A healthy lease
+//! never reaches the stop line: at each extend about `2/3·ttl − drift` remains, which
+//! [`check_rule`] requires to be at least `1.5·S` (or `ttl ≥ 3·S`).
+
+use crate::args::{Args, show};
+use crate::sys::{self, Signals, Watchdog};
+use crate::{EX_LOST, EX_OSERR, failure_code};
+use quorumlock::{Lease, SharedRedlock};
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+/// How long after the SIGKILL quorumlock waits for the command to be reaped before it
+/// gives up on its status (a process stuck in the kernel).
+const REAP_GRACE: Duration = Duration::from_secs(5);
+
+/// The line `lease.remaining()` must stay above while the command runs.
+pub fn stop_line(kill_after: Duration, timeout: Duration) -> Duration {
+    let s = kill_after.saturating_add(timeout);
+    s.saturating_add(s / 4)
+}
+
+/// Refuses settings under which a healthy lease would cross the stop line, or the ttl
+/// could not cover `kill_after`. Accepts every `ttl >= 3 × (kill_after + timeout)`.
+pub fn check_rule(
+    ttl: Duration,
+    kill_after: Duration,
+    timeout: Duration,
+    drift_factor: f64,
+) -> Result<(), String> {
+    let s = kill_after.saturating_add(timeout);
+    if ttl >= s.saturating_mul(3) {
+        return Ok(());
+    }
+    let drift = ttl.mul_f64(drift_factor) + Duration::from_millis(2);
+    let healthy_low = (ttl * 2 / 3).saturating_sub(drift);
+    if ttl > kill_after && healthy_low >= s.saturating_mul(3) / 2 {
+        return Ok(());
+    }
+    Err(format!(
+        "--ttl {} is too short for --kill-after {} and --timeout {}: the command would be \
+         stopped with the lock healthy, or killed after the lock expired; use --ttl {} or more \
+         (3 x (kill-after + timeout)), or see the stop rule in --help",
+        show(ttl),
+        show(kill_after),
+        show(timeout),
+        show(s.saturating_mul(3)),
+    ))
+}
+
+/// Why the command was stopped.
+enum Stop {
+    /// The lease is lost, or fell to the stop line: exit `EX_LOST`.
+    Lease,
+    /// The command exited; what it left in its group is being stopped.
+    Leftovers,
+}
+
+struct Stopping {
+    why: Stop,
+    kill_at: Instant,
+    /// Set when the SIGKILL went: the moment to stop waiting for the command.
+    give_up: Option<Instant>,
+}
+
+pub fn run(args: &Args, builder: quorumlock::Builder, resource: &str, command: &[String]) -> u8 {
+    // Before any thread exists: the fork must copy a single-threaded process.
+    let mut watchdog = match Watchdog::start() {
+        Ok(w) => w,
+        Err(e) => return os_error(&e),
+    };
+    sys::become_subreaper();
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => return os_error(&e),
+    };
+    let code = match builder.build_shared() {
+        Ok(shared) => with_client(args, &shared, &signals, &watchdog, resource, command),
+        Err(e) => {
+            eprintln!("quorumlock: {e}");
+            failure_code(&e)
+        }
+    };
+    watchdog.disarm();
+    code
+}
+
+fn os_error(e: &std::io::Error) -> u8 {
+    eprintln!("quorumlock: {e}");
+    EX_OSERR
+}
+
+fn with_client(
+    args: &Args,
+    shared: &SharedRedlock,
+    signals: &Signals,
+    watchdog: &Watchdog,
+    resource: &str,
+    command: &[String],
+) -> u8 {
+    let lease = match acquire(args, shared, signals, resource) {
+        Ok(lease) => lease,
+        Err(code) => return code,
+    };
+    let pid = match sys::spawn(command, watchdog) {
+        Ok(pid) => pid,
+        Err(e) => {
+            eprintln!("quorumlock: cannot run {:?}: {e}", command[0]);
+            let _ = lease.blocking_release();
+            return match e.kind() {
+                std::io::ErrorKind::NotFound => 127,
+                _ => 126,
+            };
+        }
+    };
+    let code = supervise(args, &lease, signals, pid);
+    if let Err(e) = lease.blocking_release() {
+        eprintln!("quorumlock: releasing {resource:?}: {e}");
+    }
+    code
+}
+
+/// Acquires the lease, giving up (128 + n) if a forwarded signal arrives meanwhile: the
+/// dropped acquisition is released in the background by the client.
+fn acquire(
+    args: &Args,
+    shared: &SharedRedlock,
+    signals: &Signals,
+    resource: &str,
+) -> Result<Lease, u8> {
+    let waker = signals.waker();
+    let mut cx = Context::from_waker(&waker);
+    let result = if args.wait.is_zero() {
+        block_on(shared.lease(resource, args.ttl), signals, &mut cx)
+    } else {
+        block_on(
+            shared.lease_within(resource, args.ttl, args.wait),
+            signals,
+            &mut cx,
+        )
+    };
+    match result {
+        Err(sig) => {
+            eprintln!("quorumlock: got signal {sig} while acquiring {resource:?}; nothing was run");
+            Err(128 + sig as u8)
+        }
+        Ok(Err(e)) => {
+            eprintln!("quorumlock: {e}");
+            Err(failure_code(&e))
+        }
+        Ok(Ok(lease)) => Ok(lease),
+    }
+}
+
+/// Polls `fut` on this thread until it is ready, or until a forwarded signal arrives
+/// (`Err(signal)`; the future is dropped, which cancels it).
+fn block_on<T>(
+    fut: impl Future<Output = T>,
+    signals: &Signals,
+    cx: &mut Context<'_>,
+) -> Result<T, i32> {
+    let mut fut = pin!(fut);
+    loop {
+        if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+            return Ok(out);
+        }
+        if let Some(&sig) = signals.take().first() {
+            return Err(sig);
+        }
+        // Woken by the future's waker or a signal; the timeout is only a backstop.
+        signals.wait(Duration::from_secs(1));
+    }
+}
+
+/// The stop rule's numbers for one run (see the module docs).
+#[derive(Clone, Copy)]
+struct Rule {
+    kill_after: Duration,
+    /// SIGTERM when the remaining validity falls to this.
+    line: Duration,
+    /// The validity the SIGKILL must leave: `line − kill_after` (`timeout + S/4`).
+    spare: Duration,
+    /// The longest the watcher sleeps between two looks at the lease.
+    step: Duration,
+}
+
+impl Rule {
+    fn new(kill_after: Duration, timeout: Duration) -> Rule {
+        let s = kill_after.saturating_add(timeout);
+        let line = stop_line(kill_after, timeout);
+        Rule {
+            kill_after,
+            line,
+            spare: line.saturating_sub(kill_after),
+            step: (s / 8).clamp(Duration::from_millis(1), Duration::from_millis(50)),
+        }
+    }
+
+    /// When the SIGKILL of a stop begun `now` is due: `kill_after` later, or earlier if
+    /// that is needed to leave `spare` before `deadline` (the watcher woke late, the
+    /// machine is loaded, or the deadline moved earlier); `now` itself at the latest.
+    fn kill_at(&self, now: Instant, deadline: Instant) -> Instant {
+        let by_deadline = deadline.checked_sub(self.spare).unwrap_or(now).max(now);
+        now.checked_add(self.kill_after)
+            .map_or(by_deadline, |t| t.min(by_deadline))
+    }
+}
+
+/// Runs until the command (pid = pgid) has exited and its group is empty, stopping it
+/// by the stop rule and forwarding signals; returns the exit code.
+fn supervise(args: &Args, lease: &Lease, signals: &Signals, pid: u32) -> u8 {
+    let rule = Rule::new(args.kill_after, args.timeout);
+    let waker = signals.waker();
+    let mut cx = Context::from_waker(&waker);
+    let mut lost = pin!(lease.lost());
+    let mut status: Option<u8> = None;
+    let mut lost_while_running = false;
+    let mut stopping: Option<Stopping> = None;
+    // The lease's local validity deadline as last seen while it was not lost (a lost
+    // lease reports no remaining validity): what the SIGKILL must precede.
+    let mut deadline = Instant::now() + lease.remaining();
+    loop {
+        for (p, code) in sys::reap() {
+            if p == pid {
+                status = Some(code);
+                // The command ran to its end: was the lease still good all along?
+                if stopping.is_none() && lease.is_lost() {
+                    lost_while_running = true;
+                }
+            }
+        }
+        for sig in signals.take() {
+            sys::signal_group(pid, sig);
+        }
+        let now = Instant::now();
+        let is_lost = lost.as_mut().poll(&mut cx).is_ready() || lease.is_lost();
+        let remaining = if is_lost {
+            deadline.saturating_duration_since(now)
+        } else {
+            let r = lease.remaining();
+            deadline = now + r;
+            r
+        };
+        // Anything of the group still running while the lease is lost or at the stop
+        // line is stopped by the rule, also what the command left behind when it exited.
+        let group_running = status.is_none()
+            || matches!(
+                stopping,
+                Some(Stopping {
+                    why: Stop::Leftovers,
+                    ..
+                })
+            );
+        let lease_stopping = matches!(
+            stopping,
+            Some(Stopping {
+                why: Stop::Lease,
+                ..
+            })
+        );
+        if group_running && !lease_stopping && (is_lost || remaining <= rule.line) {
+            if is_lost {
+                eprintln!("quorumlock: the lock was lost; stopping the command");
+            } else {
+                eprintln!(
+                    "quorumlock: the lock's validity fell to {} (stop line {}); stopping the command",
+                    show(remaining),
+                    show(rule.line)
+                );
+            }
+            stopping = Some(match stopping.take() {
+                // Its SIGTERM went already: only the SIGKILL may have to come sooner.
+                Some(st) => Stopping {
+                    why: Stop::Lease,
+                    ..st
+                },
+                None => begin_stop(pid, Stop::Lease, &rule, now, deadline),
+            });
+        }
+        if status.is_some() && stopping.is_none() {
+            if !sys::group_alive(pid) {
+                break;
+            }
+            eprintln!(
+                "quorumlock: the command exited but left processes in its group; stopping them"
+            );
+            stopping = Some(begin_stop(pid, Stop::Leftovers, &rule, now, deadline));
+        }
+        if let Some(st) = &mut stopping {
+            if st.give_up.is_none() {
+                // The deadline may have moved earlier since the SIGTERM.
+                st.kill_at = st.kill_at.min(rule.kill_at(now, deadline));
+                if now >= st.kill_at {
+                    sys::signal_group(pid, sys::SIGKILL);
+                    st.give_up = Some(now + REAP_GRACE);
+                }
+            }
+            if status.is_some() && !sys::group_alive(pid) {
+                break;
+            }
+            if st.give_up.is_some_and(|g| now >= g) {
+                eprintln!("quorumlock: the command did not go after SIGKILL; leaving it");
+                break;
+            }
+        }
+        // Sleep until the next thing to do: a signal, the lease's loss (its future's
+        // waker), the stop line, the SIGKILL; at most one step.
+        let mut next = rule.step;
+        if stopping.is_none() {
+            next = next.min(remaining.saturating_sub(rule.line));
+        }
+        if let Some(st) = &stopping {
+            if st.give_up.is_none() {
+                next = next.min(st.kill_at.saturating_duration_since(now));
+            }
+        }
+        signals.wait(next);
+    }
+    match stopping {
+        Some(Stopping {
+            why: Stop::Lease, ..
+        }) => EX_LOST,
+        _ if lost_while_running => {
+            eprintln!("quorumlock: the lock was lost before the command finished");
+            EX_LOST
+        }
+        _ => status.unwrap_or(EX_LOST),
+    }
+}
+
+/// SIGTERM to the group, or SIGKILL at once when `kill_after` is zero or no validity
+/// is left to wait in.
+fn begin_stop(pid: u32, why: Stop, rule: &Rule, now: Instant, deadline: Instant) -> Stopping {
+    let kill_at = rule.kill_at(now, deadline);
+    let at_once = kill_at <= now;
+    sys::signal_group(pid, if at_once { sys::SIGKILL } else { sys::SIGTERM });
+    Stopping {
+        why,
+        kill_at,
+        give_up: at_once.then(|| now + REAP_GRACE),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_rule_accepts_three_times_kill_after_plus_timeout_and_refuses_ttl_up_to_kill_after() {
+        for kill_after in [0, 1, 10, 500, 2_000, 60_000] {
+            for timeout in [1, 50, 200, 1_000, 30_000] {
+                let (k, t) = (kill_after * MS, timeout * MS);
+                let s = k + t;
+                for ttl in [3 * s, 3 * s + MS, 4 * s, 10 * s] {
+                    assert!(check_rule(ttl, k, t, 0.01).is_ok(), "{ttl:?} {k:?} {t:?}");
+                }
+                for ttl in [MS, k / 2, k, k + MS] {
+                    if ttl <= k && !ttl.is_zero() {
+                        assert!(check_rule(ttl, k, t, 0.01).is_err(), "{ttl:?} {k:?} {t:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_sigkill_lands_kill_after_later_or_sooner_but_never_past_the_spare() {
+        let rule = Rule::new(Duration::from_secs(1), Duration::from_secs(1));
+        assert_eq!(rule.line, 2500 * MS);
+        assert_eq!(rule.spare, 1500 * MS);
+        assert_eq!(rule.step, 50 * MS);
+        let now = Instant::now();
+        // Woken on time: kill_after later, the spare left.
+        assert_eq!(rule.kill_at(now, now + rule.line), now + rule.kill_after);
+        // Woken 300 ms late: the window shrinks, the SIGKILL still leaves the spare.
+        let deadline = now + rule.line - 300 * MS;
+        assert_eq!(rule.kill_at(now, deadline), deadline - rule.spare);
+        // Less than the spare left (or the deadline passed): at once.
+        assert_eq!(rule.kill_at(now, now + MS), now);
+        assert_eq!(rule.kill_at(now + MS, now), now + MS);
+        // kill_after 0: at once whatever is left.
+        let at_once = Rule::new(Duration::ZERO, 200 * MS);
+        assert_eq!(at_once.kill_at(now, now + Duration::from_secs(60)), now);
+    }
+}

@@ -1,0 +1,380 @@
+//! Every call into the operating system that Rust's standard library does not offer:
+//! signal handlers and their self-pipe, the command's process group and parent-death
+//! signal, the watchdog process, reaping. The only module with `unsafe` (each block says
+//! why it is sound); the rest of the tool uses the safe functions here.
+//!
+//! # Invariants
+//!
+//! - The signal handler only touches atomics and `write(2)`s one byte to the self-pipe
+//!   (async-signal-safe), and restores `errno`.
+//! - The watchdog is forked while the process has one thread, and after the fork only
+//!   calls async-signal-safe functions (`sigaction`, `open`, `dup2`, `close`, `read`,
+//!   `kill`, `_exit`) on stack data.
+//! - Every descriptor made here is close-on-exec: the command never inherits the
+//!   self-pipe or the watchdog's pipe.
+//! - The watchdog learns the command's process group from the command itself, between
+//!   fork and exec: from the moment anything of the command runs, a dead quorumlock
+//!   means a killed group.
+//! - quorumlock ignores the job-control stops (SIGTSTP, SIGTTIN, SIGTTOU): stopped, it
+//!   could neither keep the lock alive nor stop the command, which runs on in its own
+//!   group. The command gets them back as quorumlock found them.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::task::{Wake, Waker};
+use std::time::Duration;
+
+pub use libc::{SIGKILL, SIGTERM};
+
+/// The signals forwarded to the command, in the order they are checked.
+pub const FORWARDED: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+/// Set by the handler, per signal of [`FORWARDED`]; cleared by [`Signals::take`].
+static PENDING: [AtomicBool; 3] = [
+    AtomicBool::new(false),
+    AtomicBool::new(false),
+    AtomicBool::new(false),
+];
+/// The job-control signals that would stop quorumlock (see the module docs).
+const JOB_STOPS: [i32; 3] = [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
+
+/// Per signal of [`JOB_STOPS`]: whether quorumlock found it at its default action (so
+/// the command gets it back at default; one found ignored stays ignored).
+static STOP_WAS_DEFAULT: [AtomicBool; 3] = [
+    AtomicBool::new(false),
+    AtomicBool::new(false),
+    AtomicBool::new(false),
+];
+
+/// The write end of the self-pipe (-1 before [`Signals::install`]).
+static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    // SAFETY: `__errno_location` returns this thread's errno slot, always valid.
+    let errno = unsafe { *libc::__errno_location() };
+    if let Some(i) = FORWARDED.iter().position(|&s| s == sig) {
+        PENDING[i].store(true, Ordering::SeqCst);
+    }
+    poke();
+    // SAFETY: as above; restoring errno keeps the interrupted code's view intact.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// Wakes [`Signals::wait`]: one byte into the self-pipe. Async-signal-safe.
+fn poke() {
+    let fd = WAKE_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        let byte = 1u8;
+        // SAFETY: `fd` is the self-pipe's non-blocking write end, open for the process's
+        // life; writing one byte from a valid stack address. A full pipe (EAGAIN) is
+        // fine: the reader is already due to wake.
+        unsafe { libc::write(fd, (&raw const byte).cast(), 1) };
+    }
+}
+
+fn last_error<T>(what: &str) -> io::Result<T> {
+    let e = io::Error::last_os_error();
+    Err(io::Error::new(e.kind(), format!("{what}: {e}")))
+}
+
+/// A pipe with both ends close-on-exec; the ends optionally non-blocking.
+fn pipe(nonblocking: bool) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    let flags = libc::O_CLOEXEC | if nonblocking { libc::O_NONBLOCK } else { 0 };
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), flags) } != 0 {
+        return last_error("pipe");
+    }
+    // SAFETY: pipe2 succeeded: both descriptors are open and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// SIGINT, SIGTERM, SIGHUP (to forward) and SIGCHLD (a child changed state) caught,
+/// each waking [`Signals::wait`] through a self-pipe.
+pub struct Signals {
+    read: OwnedFd,
+    _write: OwnedFd,
+}
+
+impl Signals {
+    /// Creates the self-pipe and installs the handlers (for the process's life); ignores
+    /// the job-control stops.
+    pub fn install() -> io::Result<Signals> {
+        let (read, write) = pipe(true)?;
+        WAKE_FD.store(write.as_raw_fd(), Ordering::SeqCst);
+        for sig in FORWARDED.into_iter().chain([libc::SIGCHLD]) {
+            // SAFETY: a zeroed sigaction is a valid "no flags, empty mask" value; the
+            // handler is an `extern "C" fn(c_int)` that only does async-signal-safe
+            // work; SA_RESTART keeps other threads' blocking calls from failing.
+            let rc = unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+                sa.sa_flags = libc::SA_RESTART;
+                libc::sigemptyset(&mut sa.sa_mask);
+                libc::sigaction(sig, &sa, std::ptr::null_mut())
+            };
+            if rc != 0 {
+                return last_error("sigaction");
+            }
+        }
+        for (sig, was_default) in JOB_STOPS.into_iter().zip(&STOP_WAS_DEFAULT) {
+            // SAFETY: a zeroed sigaction with SIG_IGN is a valid "ignore" action; the old
+            // one is written to a valid stack value.
+            let (rc, old) = unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                let mut old: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = libc::SIG_IGN;
+                let rc = libc::sigaction(sig, &sa, &mut old);
+                (rc, old)
+            };
+            if rc != 0 {
+                return last_error("sigaction");
+            }
+            was_default.store(old.sa_sigaction == libc::SIG_DFL, Ordering::SeqCst);
+        }
+        Ok(Signals {
+            read,
+            _write: write,
+        })
+    }
+
+    /// The forwarded signals received since the last call, in [`FORWARDED`] order.
+    pub fn take(&self) -> Vec<i32> {
+        FORWARDED
+            .iter()
+            .zip(&PENDING)
+            .filter(|(_, p)| p.swap(false, Ordering::SeqCst))
+            .map(|(&s, _)| s)
+            .collect()
+    }
+
+    /// Sleeps until a signal arrives, a [`Signals::waker`] is woken, or `timeout`
+    /// passes; then empties the self-pipe.
+    pub fn wait(&self, timeout: Duration) {
+        let mut pfd = libc::pollfd {
+            fd: self.read.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // Round up: a wait of 0.4 ms must not become a busy loop of zero waits.
+        let ms = timeout.as_micros().div_ceil(1000).min(60_000) as libc::c_int;
+        // SAFETY: one valid pollfd on the stack; EINTR (a signal) just returns early.
+        unsafe { libc::poll(&mut pfd, 1, ms) };
+        let mut buf = [0u8; 64];
+        // SAFETY: reading into a stack buffer of its length from our non-blocking read
+        // end, until it is empty (EAGAIN) or fails.
+        while unsafe { libc::read(pfd.fd, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+    }
+
+    /// A waker for futures polled by the main thread: it wakes [`Signals::wait`].
+    pub fn waker(&self) -> Waker {
+        struct Pipe;
+        impl Wake for Pipe {
+            fn wake(self: Arc<Self>) {
+                poke();
+            }
+        }
+        Waker::from(Arc::new(Pipe))
+    }
+}
+
+/// Makes this process the reaper of its orphaned descendants (Linux), so that the
+/// command's background processes that outlive it are reaped by [`reap`] and never
+/// linger as zombies in its process group.
+pub fn become_subreaper() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl with an integer argument; a failure only leaves things as they were.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong);
+    }
+}
+
+/// Starts `argv` in a new process group of its own (its pgid is its pid), with SIGKILL
+/// as its parent-death signal, the job-control stops as quorumlock found them, and
+/// `watchdog` armed with its group before it execs. Returns its pid.
+pub fn spawn(argv: &[String], watchdog: &Watchdog) -> io::Result<u32> {
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]).process_group(0);
+    let parent = std::process::id() as libc::pid_t;
+    let arm = watchdog.write.as_ref().map(AsRawFd::as_raw_fd);
+    // SAFETY: the closure runs in the child between fork and exec and only makes
+    // async-signal-safe system calls (getpid, write, sigaction, prctl, getppid) on
+    // plain integers and stack data, and loads atomics.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Arm the watchdog from here, not from quorumlock after the spawn: were
+            // quorumlock killed right after the exec, before it could tell the watchdog,
+            // the command's children would run on. Its pipe's write end is open here
+            // (close-on-exec) and 4 bytes are below PIPE_BUF: written whole.
+            if let Some(fd) = arm {
+                let pgid = libc::getpid().to_ne_bytes();
+                libc::write(fd, pgid.as_ptr().cast(), pgid.len());
+            }
+            for (sig, was_default) in JOB_STOPS.into_iter().zip(&STOP_WAS_DEFAULT) {
+                if was_default.load(Ordering::SeqCst) {
+                    let mut sa: libc::sigaction = std::mem::zeroed();
+                    sa.sa_sigaction = libc::SIG_DFL;
+                    libc::sigaction(sig, &sa, std::ptr::null_mut());
+                }
+            }
+            #[cfg(target_os = "linux")]
+            {
+                // The parent-death signal fires when the thread that forked exits: the
+                // main thread, which lives as long as quorumlock does.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            // quorumlock died before the prctl took effect: do not run at all.
+            if libc::getppid() != parent {
+                return Err(io::Error::other("quorumlock exited while starting it"));
+            }
+            Ok(())
+        });
+    }
+    // std returns once the child has exec'd (or failed to): its group exists by then.
+    // The `Child` is dropped without waiting: `reap` collects every child.
+    Ok(cmd.spawn()?.id())
+}
+
+/// Sends `sig` to every process of group `pgid`; false if the group is empty.
+pub fn signal_group(pgid: u32, sig: i32) -> bool {
+    // SAFETY: killpg takes plain integers; a group of ours (pgid > 1 by construction).
+    pgid > 1 && unsafe { libc::killpg(pgid as libc::pid_t, sig) } == 0
+}
+
+/// Whether any process (zombies included) is left in group `pgid`.
+pub fn group_alive(pgid: u32) -> bool {
+    signal_group(pgid, 0)
+}
+
+/// Reaps every child that has exited; returns each one's pid and status as a shell
+/// reports it (its exit code, or 128 + the signal that killed it).
+pub fn reap() -> Vec<(u32, u8)> {
+    let mut done = Vec::new();
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: waitpid with a valid out pointer, WNOHANG: never blocks.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            return done;
+        }
+        let code = if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status) as u8
+        } else if libc::WIFSIGNALED(status) {
+            (128 + libc::WTERMSIG(status)) as u8
+        } else {
+            continue;
+        };
+        done.push((pid as u32, code));
+    }
+}
+
+/// A process forked before any thread exists that kills the command's process group
+/// if quorumlock dies without saying goodbye (kill -9): it blocks reading a pipe whose
+/// only write end quorumlock holds, and the kernel closes that end when quorumlock
+/// dies, whatever killed it. The command writes its pgid into that pipe before it
+/// execs (see [`spawn`]); quorumlock writes one byte to let the watchdog go.
+pub struct Watchdog {
+    write: Option<OwnedFd>,
+    pid: libc::pid_t,
+}
+
+impl Watchdog {
+    /// Forks the watchdog. Must be called while the process has a single thread.
+    pub fn start() -> io::Result<Watchdog> {
+        let (read, write) = pipe(false)?;
+        // SAFETY: called before any thread is started (main does it first), so the
+        // child is a faithful copy; the child only runs `watchdog`, which only makes
+        // async-signal-safe calls and never returns.
+        match unsafe { libc::fork() } {
+            -1 => last_error("fork"),
+            0 => watchdog(read.as_raw_fd(), write.as_raw_fd()),
+            pid => Ok(Watchdog {
+                write: Some(write),
+                pid,
+            }),
+        }
+    }
+
+    /// Lets the watchdog exit without killing anything, and reaps it (it exits as soon
+    /// as it reads the byte, or has already gone if `reap` collected it).
+    pub fn disarm(&mut self) {
+        self.send(b"d");
+        self.write = None;
+        let mut status = 0;
+        // SAFETY: waitpid on our own child with a valid out pointer; ECHILD (already
+        // reaped) returns at once.
+        unsafe { libc::waitpid(self.pid, &mut status, 0) };
+    }
+
+    fn send(&self, bytes: &[u8]) {
+        if let Some(fd) = &self.write {
+            // SAFETY: writing a small stack buffer to a pipe we own; one byte, below
+            // PIPE_BUF, so it is written whole or not at all.
+            unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+        }
+    }
+}
+
+/// The watchdog's whole life, in the forked child. Async-signal-safe calls only.
+fn watchdog(read: RawFd, write: RawFd) -> ! {
+    // SAFETY: every call takes plain integers or pointers to stack data, and is
+    // async-signal-safe; `_exit` ends the process without running any Rust code
+    // (no destructors, no atexit of the parent's copy of the runtime).
+    unsafe {
+        libc::close(write);
+        // A terminal's ^C, ^\, ^Z, a hang-up or a SIGTERM to quorumlock's whole group
+        // must not take the watchdog down (or stop it) before quorumlock: it goes when
+        // quorumlock goes, by its pipe.
+        for sig in FORWARDED
+            .into_iter()
+            .chain([libc::SIGQUIT])
+            .chain(JOB_STOPS)
+        {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = libc::SIG_IGN;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+        // Hold no terminal or pipe of the caller's open (a test reading quorumlock's
+        // output to its end must not wait for the watchdog).
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+            if null > 2 {
+                libc::close(null);
+            }
+        }
+        let mut pgid = [0u8; 4];
+        let mut got = 0;
+        while got < 4 {
+            let n = libc::read(read, pgid.as_mut_ptr().add(got).cast(), 4 - got);
+            if n > 0 {
+                got += n as usize;
+            } else if n == 0 || *libc::__errno_location() != libc::EINTR {
+                libc::_exit(0); // quorumlock ended before starting a command
+            }
+        }
+        let pgid = i32::from_ne_bytes(pgid);
+        let mut byte = 0u8;
+        loop {
+            let n = libc::read(read, (&raw mut byte).cast(), 1);
+            if n == 1 {
+                libc::_exit(0); // disarmed: quorumlock finished normally
+            }
+            if n == 0 || *libc::__errno_location() != libc::EINTR {
+                break; // quorumlock is gone
+            }
+        }
+        if pgid > 1 {
+            libc::killpg(pgid, libc::SIGKILL);
+        }
+        libc::_exit(0)
+    }
+}

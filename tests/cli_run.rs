@@ -1,0 +1,308 @@
+//! `quorumlock run` against real nodes: the lock outlives the ttl while the command
+//! runs; a frozen majority stops the whole process group (grandchildren and a
+//! TERM-ignoring child included) before the lock's validity deadline; signals sent to
+//! quorumlock reach the command; `kill -9` of quorumlock takes the command with it.
+
+mod cli_common;
+mod common;
+
+use cli_common::{
+    Pids, Running, children, common_wait, gone_or_zombie, quorumlock, run_sh, signal,
+};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Runs `sh -c` (after `prelude`) that starts a background `sleep` (the grandchild)
+/// and loops; returns quorumlock, the pid guard, the child's and the grandchild's pids.
+fn family(cluster: &common::Cluster, resource: &str, prelude: &str) -> (Running, Pids, u32, u32) {
+    family_with(cluster, resource, prelude, |_| {})
+}
+
+/// [`family`], with `setup` applied to quorumlock's command before it starts.
+fn family_with(
+    cluster: &common::Cluster,
+    resource: &str,
+    prelude: &str,
+    setup: impl FnOnce(&mut Command),
+) -> (Running, Pids, u32, u32) {
+    let (child_file, grandchild_file) = (
+        cluster.dir().join(format!("{resource}-child")),
+        cluster.dir().join(format!("{resource}-gc")),
+    );
+    let script = format!(
+        "{prelude}sleep 1000 & echo $! > '{}'; echo $$ > '{}'; while :; do sleep 0.05; done",
+        grandchild_file.display(),
+        child_file.display()
+    );
+    let mut cmd = run_sh(&cluster.urls().join(","), resource, &script);
+    setup(&mut cmd);
+    let run = Running::spawn(cmd);
+    let mut pids = Pids::default();
+    let child = pids.read(&child_file);
+    let grandchild = pids.read(&grandchild_file);
+    (run, pids, child, grandchild)
+}
+
+#[test]
+fn a_job_longer_than_the_ttl_keeps_its_lock() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let done = cluster.dir().join("long-done");
+    let script = format!("while [ ! -e '{}' ]; do sleep 0.02; done", done.display());
+    // ttl 3 s = 3 × (kill-after 200 ms + timeout 800 ms): the shortest the rule accepts.
+    let mut holder = Running::spawn(quorumlock(
+        &nodes,
+        &[
+            "--timeout",
+            "800ms",
+            "--ttl",
+            "3s",
+            "--kill-after",
+            "200ms",
+            "run",
+            "cli:long",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    let mut admin = cluster.node(0).admin();
+    assert!(common::wait_until(Duration::from_secs(20), || admin.exists("cli:long")));
+    // The lease is extended every ttl/3: the PTTL goes up, three times, so the job has
+    // run past its ttl with the key there all along.
+    let started = Instant::now();
+    let mut rises = 0;
+    let mut last = admin.pttl("cli:long");
+    assert!(
+        common::wait_until(Duration::from_secs(60), || {
+            let now = admin.pttl("cli:long");
+            assert!(now > 0, "the key went away while the job ran (PTTL {now})");
+            if now > last {
+                rises += 1;
+            }
+            last = now;
+            rises >= 3 && started.elapsed() > Duration::from_secs(3)
+        }),
+        "the lock was not extended ({rises} rises)"
+    );
+    let out = quorumlock(&nodes, &["try", "cli:long"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", cli_common::show(&out));
+
+    std::fs::write(&done, b"").unwrap();
+    let (code, err) = holder.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(common::wait_until(Duration::from_secs(10), || !admin.exists("cli:long")));
+}
+
+#[test]
+fn a_frozen_majority_stops_the_whole_group_before_the_validity_deadline() {
+    let cluster = common::Cluster::start(5);
+    // The child ignores SIGTERM (and so does its background sleep, which inherits it):
+    // only the SIGKILL that follows --kill-after later stops them.
+    let (mut run, _pids, child, grandchild) = family(&cluster, "cli:frozen", "trap '' TERM; ");
+    let ttl = Duration::from_secs(6);
+
+    // Wait for an extend (the PTTL on node 0 goes up), then freeze 3 of 5 right after
+    // reading the PTTL there: the lock's validity deadline is no earlier than about
+    // `now + pttl − drift` (the last extend was sent before node 0 applied it).
+    let mut admin = cluster.node(0).admin();
+    let mut last = admin.pttl("cli:frozen");
+    assert!(common::wait_until(Duration::from_secs(30), || {
+        let now = admin.pttl("cli:frozen");
+        let up = now > last;
+        last = now;
+        up
+    }));
+    let read_at = Instant::now();
+    let pttl = admin.pttl("cli:frozen");
+    for i in 0..3 {
+        cluster.node(i).freeze();
+    }
+    assert!(pttl > 0);
+    let drift = ttl / 100 + Duration::from_millis(2);
+    let deadline = read_at + Duration::from_millis(pttl as u64) - drift;
+
+    assert!(
+        common::wait_until(Duration::from_secs(30), || {
+            gone_or_zombie(child) && gone_or_zombie(grandchild)
+        }),
+        "the process group was not stopped"
+    );
+    let stopped = Instant::now();
+    // Polling here runs every 5 ms; the rule leaves node_timeout + S/4 = 1.5 s to spare.
+    assert!(
+        stopped < deadline,
+        "stopped {:?} after the validity deadline",
+        stopped - deadline
+    );
+    let (code, err) = run.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(70), "{err}");
+    assert!(err.contains("stopping the command"), "{err}");
+    for i in 0..3 {
+        cluster.node(i).thaw();
+    }
+}
+
+#[test]
+fn sigterm_to_quorumlock_reaches_the_command_and_the_lock_is_released() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let (ready, marker) = (cluster.dir().join("ready"), cluster.dir().join("got-term"));
+    let script = format!(
+        "trap 'echo term > \"{}\"; exit 7' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
+        marker.display(),
+        ready.display()
+    );
+    let mut run = Running::spawn(run_sh(&nodes, "cli:term", &script));
+    let mut pids = Pids::default();
+    pids.read(&ready);
+    signal(run.pid(), libc::SIGTERM);
+    let (code, err) = run.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(7), "{err}");
+    assert!(marker.exists(), "the command never got the SIGTERM");
+    let mut admins = cluster.admins();
+    assert!(common::wait_until(Duration::from_secs(10), || {
+        admins.iter_mut().all(|a| !a.exists("cli:term"))
+    }));
+
+    // SIGINT to quorumlock, a command that does not catch it: 128 + 2.
+    let ready = cluster.dir().join("ready-int");
+    let script = format!("echo $$ > '{}'; exec sleep 1000", ready.display());
+    let mut run = Running::spawn(run_sh(&nodes, "cli:term", &script));
+    pids.read(&ready);
+    signal(run.pid(), libc::SIGINT);
+    let (code, err) = run.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(130), "{err}");
+
+    // SIGHUP (the terminal went away): 128 + 1.
+    let ready = cluster.dir().join("ready-hup");
+    let script = format!("echo $$ > '{}'; exec sleep 1000", ready.display());
+    let mut run = Running::spawn(run_sh(&nodes, "cli:term", &script));
+    pids.read(&ready);
+    signal(run.pid(), libc::SIGHUP);
+    let (code, err) = run.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(129), "{err}");
+}
+
+#[test]
+fn a_lock_taken_away_on_a_majority_stops_the_group_sigterm_first_and_exits_70() {
+    let cluster = common::Cluster::start(3);
+    let marker = cluster.dir().join("lost-got-term");
+    // The child leaves on SIGTERM (inside the TERM->KILL window): the grandchild goes
+    // with the same SIGTERM; the exit code still says the lock was lost.
+    let prelude = format!("trap 'echo term > \"{}\"; exit 0' TERM; ", marker.display());
+    let (mut run, _pids, child, grandchild) = family(&cluster, "cli:lost", &prelude);
+    let mut admins = cluster.admins();
+    for admin in &mut admins[..2] {
+        assert_eq!(admin.del("cli:lost"), 1);
+    }
+    // The next extend (ttl/3 = 2 s) finds the key gone on a majority.
+    assert!(
+        common::wait_until(Duration::from_secs(30), || {
+            gone_or_zombie(child) && gone_or_zombie(grandchild)
+        }),
+        "the process group was not stopped"
+    );
+    let (code, err) = run.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(70), "{err}");
+    assert!(err.contains("the lock was lost"), "{err}");
+    assert!(
+        marker.exists(),
+        "the command was not sent SIGTERM first: {err}"
+    );
+    assert!(common::wait_until(Duration::from_secs(10), || {
+        admins.iter_mut().all(|a| !a.exists("cli:lost"))
+    }));
+}
+
+#[test]
+fn the_watchdog_outlives_a_sigquit_to_quorumlocks_whole_group_and_kills_the_command_group() {
+    let cluster = common::Cluster::start(3);
+    let (mut run, _pids, child, grandchild) = family_with(&cluster, "cli:quit", "", |cmd| {
+        // Its own group, as a shell job is; SIGQUIT at its default action (a shell's
+        // background job, the test run included, may inherit it ignored), and no core
+        // file when it kills.
+        cmd.process_group(0);
+        // SAFETY: setrlimit and signal with valid arguments, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                let none = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                libc::setrlimit(libc::RLIMIT_CORE, &none);
+                libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+    });
+    // ^\ on a terminal: SIGQUIT to quorumlock and its watchdog. quorumlock dies of it
+    // (it does not catch it); the child goes by its parent-death signal, the
+    // grandchild only by the watchdog.
+    // SAFETY: kill with plain integers, to the group of a process this test started.
+    assert_eq!(unsafe { libc::kill(-(run.pid() as i32), libc::SIGQUIT) }, 0);
+    let (code, _) = run.finish(Duration::from_secs(10));
+    assert_eq!(code, None, "killed by SIGQUIT");
+    assert!(
+        common::wait_until(Duration::from_secs(10), || {
+            gone_or_zombie(child) && gone_or_zombie(grandchild)
+        }),
+        "the command or its child outlived quorumlock"
+    );
+}
+
+#[test]
+fn the_watchdog_is_let_go_and_reaped_when_run_ends_normally() {
+    let cluster = common::Cluster::start(3);
+    let (mut run, mut pids, child, _) = family(&cluster, "cli:reaped", "");
+    // quorumlock's children: the command and the watchdog.
+    let mut watchdog = None;
+    assert!(common_wait(Duration::from_secs(10), || {
+        watchdog = children(run.pid()).into_iter().find(|&p| p != child);
+        watchdog.is_some()
+    }));
+    let watchdog = watchdog.unwrap();
+    pids.0.push(watchdog);
+    assert!(!gone_or_zombie(watchdog));
+    signal(run.pid(), libc::SIGTERM);
+    let (code, err) = run.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(128 + libc::SIGTERM), "{err}");
+    assert!(gone_or_zombie(watchdog), "the watchdog outlived quorumlock");
+}
+
+#[test]
+fn kill_9_of_quorumlock_takes_the_command_and_its_children_with_it() {
+    let cluster = common::Cluster::start(3);
+    let (mut run, _pids, child, grandchild) = family(&cluster, "cli:kill9", "");
+    assert!(!gone_or_zombie(child) && !gone_or_zombie(grandchild));
+    signal(run.pid(), libc::SIGKILL);
+    let (code, _) = run.finish(Duration::from_secs(10));
+    assert_eq!(code, None, "killed by a signal");
+    assert!(
+        common::wait_until(Duration::from_secs(10), || {
+            gone_or_zombie(child) && gone_or_zombie(grandchild)
+        }),
+        "the command or its child outlived quorumlock"
+    );
+}
+
+#[test]
+fn what_the_command_leaves_in_its_group_is_stopped_before_the_release() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let grandchild_file = cluster.dir().join("gc");
+    let script = format!(
+        "sleep 1000 & echo $! > '{}'; exit 4",
+        grandchild_file.display()
+    );
+    let out = run_sh(&nodes, "cli:left", &script).output().unwrap();
+    let mut pids = Pids::default();
+    let grandchild = pids.read(&grandchild_file);
+    assert_eq!(out.status.code(), Some(4), "{}", cli_common::show(&out));
+    assert!(
+        gone_or_zombie(grandchild),
+        "the background sleep outlived the lock"
+    );
+}
