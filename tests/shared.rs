@@ -6,9 +6,9 @@
 mod common;
 
 use common::{Cluster, wait_until};
-use quorumlock::{Error, Lease, Redlock, SharedRedlock};
+use quorumlock::{Error, Lease, Lock, Redlock, SharedRedlock};
 use std::future::Future;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
@@ -663,115 +663,49 @@ fn a_waker_that_panics_does_not_take_the_loop_down() {
     shared.blocking_unlock(&lock).unwrap();
 }
 
-/// Polls `fut` with a do-nothing waker until it is ready (every few milliseconds, for at
-/// most `timeout`).
-fn poll_until_ready<F: Future + Unpin>(fut: &mut F, timeout: Duration) -> Option<F::Output> {
-    let mut out = None;
-    wait_until(timeout, || {
-        if let Poll::Ready(v) = Pin::new(&mut *fut).poll(&mut Context::from_waker(Waker::noop())) {
-            out = Some(v);
-        }
-        out.is_some()
-    });
-    out
-}
-
 #[test]
-fn a_future_on_an_idle_client_runs_its_round_in_its_poll() {
-    let cluster = Cluster::start(5);
+fn calls_made_while_a_thread_unwinds_do_not_end_the_loop() {
+    // A guard that releases its lock when dropped: also when its thread unwinds from a
+    // panic elsewhere. The unwinding is not the client's: its loop carries on.
+    struct UnlockOnDrop<'a> {
+        shared: &'a SharedRedlock,
+        lock: Option<Lock>,
+        by_future: bool,
+    }
+    impl Drop for UnlockOnDrop<'_> {
+        fn drop(&mut self) {
+            let Some(lock) = self.lock.take() else { return };
+            if self.by_future {
+                let mut unlock = Box::pin(self.shared.unlock(&lock));
+                let mut cx = Context::from_waker(Waker::noop());
+                assert!(wait_until(Duration::from_secs(10), || {
+                    matches!(unlock.as_mut().poll(&mut cx), Poll::Ready(Ok(_)))
+                }));
+            } else {
+                self.shared.blocking_unlock(&lock).unwrap();
+            }
+        }
+    }
+    let cluster = Cluster::start(3);
     let shared = shared(&cluster);
-    // The client is idle between calls: a future's round may run in its own first poll,
-    // with no hand-off to the loop thread. On a busy machine a round can outlast the
-    // poll's wait (then the loop finishes it): one in many suffices.
-    let mut in_place = 0;
-    for i in 0..100 {
-        let key = format!("shared:in-place:{i}");
-        let mut fut = Box::pin(shared.try_lock(&key, Duration::from_secs(10)));
-        let lock = match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(r) => {
-                in_place += 1;
-                r
-            }
-            Poll::Pending => {
-                poll_until_ready(&mut fut, Duration::from_secs(10)).expect("answered by the loop")
-            }
-        }
-        .expect("every node is up");
-        drop(fut);
-        let mut unlock = Box::pin(shared.unlock(&lock));
-        let n = poll_until_ready(&mut unlock, Duration::from_secs(10)).expect("answered");
-        assert!(n.unwrap() >= 3);
-    }
-    assert!(in_place > 0, "no future ran its round in its poll");
-}
-
-#[test]
-fn a_future_never_blocks_its_poll_for_a_round_with_a_frozen_majority() {
-    let cluster = Cluster::start(5);
-    // A round that cannot be decided lasts `node_timeout`: 3 s here. A poll that waited
-    // for it would return it decided; the poll must give up long before and leave the
-    // round to the loop. Three clients, each idle and used to quick rounds until the
-    // freeze, so that each future's round starts in its own poll.
-    let client = || {
-        Redlock::builder()
-            .nodes(cluster.urls())
-            .node_timeout(Duration::from_secs(3))
-            .retry_count(0)
-            .build_shared()
-            .unwrap()
-    };
-    let (a, b, c) = (client(), client(), client());
-    let held = a
-        .blocking_lock("shared:frozen-poll:held", Duration::from_secs(60))
-        .unwrap();
-    for (s, key) in [(&b, "shared:frozen-poll:b"), (&c, "shared:frozen-poll:c")] {
-        let lock = s.blocking_lock(key, Duration::from_secs(60)).unwrap();
-        s.blocking_unlock(&lock).unwrap();
-    }
-    for n in 0..3 {
-        cluster.node(n).freeze();
-    }
-    let noop = || Context::from_waker(Waker::noop());
-
-    let mut acquire = Box::pin(b.try_lock("shared:frozen-poll", Duration::from_secs(60)));
-    assert!(
-        acquire.as_mut().poll(&mut noop()).is_pending(),
-        "the acquire's poll waited out the round"
-    );
-    let r = poll_until_ready(&mut acquire, Duration::from_secs(30)).expect("answered");
-    assert!(matches!(r, Err(Error::Unavailable(_))), "{r:?}");
-
-    let mut unlock = Box::pin(a.unlock(&held));
-    assert!(
-        unlock.as_mut().poll(&mut noop()).is_pending(),
-        "the unlock's poll waited out the round"
-    );
-    let r = poll_until_ready(&mut unlock, Duration::from_secs(30)).expect("answered");
-    assert!(matches!(r, Err(Error::Unavailable(_))), "{r:?}");
-
-    // A future dropped while the loop finishes the round its poll began: what it may
-    // have set is deleted once the nodes are back.
-    let mut lease = Box::pin(c.lease("shared:frozen-poll:dropped", Duration::from_secs(60)));
-    assert!(lease.as_mut().poll(&mut noop()).is_pending());
-    drop(lease);
-    for n in 0..3 {
-        cluster.node(n).thaw();
-    }
-    for key in [
-        "shared:frozen-poll",
-        "shared:frozen-poll:held",
-        "shared:frozen-poll:dropped",
-    ] {
-        assert!(
-            wait_until(Duration::from_secs(30), || holders(&cluster, key) == 0),
-            "{key} left behind"
-        );
-    }
-    // Every loop carries on.
-    for s in [&a, &b, &c] {
-        let lock = s
-            .blocking_lock("shared:frozen-poll:after", Duration::from_secs(10))
-            .unwrap();
-        s.blocking_unlock(&lock).unwrap();
+    for by_future in [false, true] {
+        let key = format!("shared:unwind:{by_future}");
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let lock = shared.blocking_lock(&key, Duration::from_secs(60)).unwrap();
+            let _guard = UnlockOnDrop {
+                shared: &shared,
+                lock: Some(lock),
+                by_future,
+            };
+            panic!("the job failed (this panic is the test's)");
+        }));
+        assert!(unwound.is_err());
+        assert!(wait_until(Duration::from_secs(10), || holders(
+            &cluster, &key
+        ) == 0));
+        let lock = shared
+            .blocking_lock("shared:unwind:after", Duration::from_secs(10))
+            .expect("the loop still runs");
+        shared.blocking_unlock(&lock).unwrap();
     }
 }

@@ -177,6 +177,13 @@ impl Driver {
                     match budget.resync(now) {
                         Some(wait) => wait,
                         None => {
+                            // One last look, without waiting, at replies already in: a
+                            // round taken up late (by another thread, or after a stall)
+                            // may find its answers there rather than none.
+                            waits.once(engine, net, Duration::ZERO, Some(&mut active));
+                            if active.round.has_unstamped() {
+                                active.round.stamp(Instant::now());
+                            }
                             active.round.time_out(now);
                             break;
                         }

@@ -71,7 +71,7 @@ const INLINE_WAIT: Duration = Duration::from_millis(1);
 /// Futures run their acquire in their poll only while acquire rounds are decided this
 /// fast: on slower nodes, a thread hand-off is small beside a round, and a poll should
 /// not block for long.
-const QUICK_ROUND: Duration = Duration::from_micros(300);
+const QUICK_ROUND: Duration = Duration::from_micros(500);
 
 /// Starts the loop thread; returns what its handles share.
 pub(crate) fn start(settings: Settings) -> Result<Arc<Inner>, Error> {
@@ -241,12 +241,8 @@ pub(crate) struct EventLoop {
 
 /// A round in flight, begun by a future's poll: what it is for, and its start.
 enum Flight {
-    /// Acquires, all of one ttl.
-    Acquire {
-        batch: Vec<Acquire>,
-        ttl_ms: u64,
-        start: Instant,
-    },
+    /// The acquires in `EventLoop::batch`, all of one ttl.
+    Acquire { ttl_ms: u64, start: Instant },
     /// The release of `lock`, for `owner`.
     Release {
         lock: Lock,
@@ -383,6 +379,7 @@ impl EventLoop {
             let mut q = self.inner.queue();
             q.sleeping = false;
             self.inner.pending.store(0, Ordering::Relaxed);
+            self.answered = 0;
             std::mem::swap(&mut q.calls, &mut self.taken);
             std::mem::swap(&mut q.dropped, &mut self.dropped);
             q.stopping
@@ -720,7 +717,8 @@ impl EventLoop {
             let a = self.ready.swap_remove(0);
             return self.attempt_all(a);
         }
-        self.batch.clear();
+        // Empty between rounds (a flight's acquires were landed first).
+        debug_assert!(self.batch.is_empty());
         let mut bytes = 0;
         let mut i = 0;
         while i < self.ready.len() && self.batch.len() < SHARED_BATCH {
@@ -737,42 +735,43 @@ impl EventLoop {
             let a = self.ready.swap_remove(i);
             self.batch.push(a);
         }
-        let mut batch = std::mem::take(&mut self.batch);
-        self.attempt_batch(&mut batch, ttl_ms);
-        batch.clear();
-        self.batch = batch;
+        self.attempt_batch(ttl_ms);
     }
 
     /// One attempt for every acquire of `batch` (all of `ttl_ms`), in one round.
-    fn attempt_batch(&mut self, batch: &mut Vec<Acquire>, ttl_ms: u64) {
-        let Some(start) = self.launch(batch, ttl_ms) else {
+    fn attempt_batch(&mut self, ttl_ms: u64) {
+        let Some(start) = self.launch(ttl_ms) else {
             return;
         };
         self.await_batch(ttl_ms, None);
-        self.land(batch, ttl_ms, start);
+        self.land(ttl_ms, start);
     }
 
     /// Writes the round of one attempt for every acquire of `batch` (all of `ttl_ms`);
     /// returns its start, or `None` when no token could be drawn (each acquire is then
-    /// answered with that error, and `batch` emptied).
-    fn launch(&mut self, batch: &mut Vec<Acquire>, ttl_ms: u64) -> Option<Instant> {
+    /// answered with that error, and `batch` emptied). The acquires stay in `batch`
+    /// until [`EventLoop::land`] answers them: should the loop die meanwhile, its drop
+    /// answers them there.
+    fn launch(&mut self, ttl_ms: u64) -> Option<Instant> {
         self.keys.clear();
         self.spans.clear();
         self.tokens.clear();
-        for a in batch.iter_mut() {
+        for a in self.batch.iter_mut() {
             a.made += 1;
             let r = a.call.lock();
             self.spans.push((self.keys.len(), r.key.len()));
             self.keys.extend_from_slice(&r.key);
         }
-        for _ in 0..batch.len() {
+        for _ in 0..self.batch.len() {
             match self.rl.next_token() {
                 Ok(t) => self.tokens.push(t),
                 Err(e) => {
+                    let mut batch = std::mem::take(&mut self.batch);
                     for a in batch.drain(..) {
                         self.unsubscribe(&a);
                         self.answer_acquire(a.call, Err(e.clone()));
                     }
+                    self.batch = batch;
                     return None;
                 }
             }
@@ -804,7 +803,7 @@ impl EventLoop {
 
     /// What a decided acquire round gives each acquire of `batch`: its lock, or its
     /// error and the deletes of what it may have set; then the answer or the next try.
-    fn land(&mut self, batch: &mut Vec<Acquire>, ttl_ms: u64, start: Instant) {
+    fn land(&mut self, ttl_ms: u64, start: Instant) {
         let whole = Duration::from_millis(ttl_ms);
         let safe = safe_span(whole, self.rl.settings.drift_factor);
         let items = items_of(&mut self.items, &self.keys, &self.spans, &self.tokens);
@@ -812,7 +811,7 @@ impl EventLoop {
         let written = rl.driver.written();
         rl.lost.clear();
         self.settled.clear();
-        for (slot, (item, a)) in items.iter().zip(batch.iter()).enumerate() {
+        for (slot, (item, a)) in items.iter().zip(self.batch.iter()).enumerate() {
             let result = match rl.won_until(slot, safe, start) {
                 Some(end) => Ok(Lock::new(item.key, item.token, whole, start, end, written)),
                 None => {
@@ -830,9 +829,11 @@ impl EventLoop {
         let now = Instant::now();
         self.quick = now.saturating_duration_since(start) < QUICK_ROUND;
         let mut settled = std::mem::take(&mut self.settled);
+        let mut batch = std::mem::take(&mut self.batch);
         for (a, result) in batch.drain(..).zip(settled.drain(..)) {
             self.settle(a, result, now);
         }
+        self.batch = batch;
         self.settled = settled;
     }
 
@@ -866,22 +867,16 @@ impl EventLoop {
             return true;
         };
         let ttl_ms = a.ttl_ms;
-        let mut batch = std::mem::take(&mut self.batch);
-        batch.push(a);
+        // Empty between rounds; a flight's acquires wait in it (see `Flight`).
+        self.batch.push(a);
         self.arm();
-        let Some(start) = self.launch(&mut batch, ttl_ms) else {
-            self.batch = batch;
+        let Some(start) = self.launch(ttl_ms) else {
             return true;
         };
         if self.await_batch(ttl_ms, start.checked_add(INLINE_WAIT)) {
-            self.land(&mut batch, ttl_ms, start);
-            self.batch = batch;
+            self.land(ttl_ms, start);
         } else {
-            self.flight = Some(Flight::Acquire {
-                batch,
-                ttl_ms,
-                start,
-            });
+            self.flight = Some(Flight::Acquire { ttl_ms, start });
         }
         self.answered = 0;
         true
@@ -912,16 +907,9 @@ impl EventLoop {
     fn finish_flight(&mut self) {
         match self.flight.take() {
             None => {}
-            Some(Flight::Acquire {
-                mut batch,
-                ttl_ms,
-                start,
-            }) => {
+            Some(Flight::Acquire { ttl_ms, start }) => {
                 self.await_batch(ttl_ms, None);
-                self.land(&mut batch, ttl_ms, start);
-                if self.batch.capacity() == 0 {
-                    self.batch = batch;
-                }
+                self.land(ttl_ms, start);
             }
             Some(Flight::Release { lock, owner, start }) => {
                 let result = self.rl.finish_unlock(&lock, start, None);
@@ -1292,17 +1280,12 @@ impl Drop for EventLoop {
     /// it held is answered with an error and every lease reported lost, so that no
     /// caller waits forever.
     fn drop(&mut self) {
-        let (flown, owner) = match self.flight.take() {
-            Some(Flight::Acquire { batch, .. }) => (batch, None),
-            Some(Flight::Release { owner, .. }) => (Vec::new(), Some(owner)),
-            None => (Vec::new(), None),
-        };
-        if let Some(call) = owner {
-            call.answer(Err(loop_gone()));
+        if let Some(Flight::Release { owner, .. }) = self.flight.take() {
+            owner.answer(Err(loop_gone()));
         }
-        let acquires = flown
-            .into_iter()
-            .chain(self.waiting.drain(..))
+        let acquires = self
+            .waiting
+            .drain(..)
             .chain(self.ready.drain(..))
             .chain(self.batch.drain(..));
         for a in acquires {

@@ -26,9 +26,9 @@
 //!   poll and waits there at most `INLINE_WAIT` (1 ms), and only while acquire rounds have
 //!   lately been quick; a round not decided by then is left in flight to the loop, which
 //!   it wakes. A poll never blocks for a whole round.
-//! - A request is queued on a future's first poll. A future dropped after that is the
-//!   cancellation case: anything it acquired, or may have, is released in the
-//!   background.
+//! - A request is queued (or begun in place, see above) on a future's first poll. A
+//!   future dropped after that is the cancellation case: anything it acquired, or may
+//!   have, is released in the background.
 //!
 //! [`Redlock`]: crate::Redlock
 
@@ -191,7 +191,10 @@ impl Inner {
     /// ([`event_loop::EventLoop::serve_briefly`]): answered there, or left in flight for
     /// the loop, which is then woken. False when it must be queued.
     fn start_here(&self, call: &Arc<Call>) -> bool {
-        self.with_idle_loop(|l| l.serve_briefly(call))
+        // Other requests never run in a poll: they need not touch the state.
+        let op = call.lock().op;
+        matches!(op, Op::Lock { .. } | Op::Lease { .. } | Op::Unlock)
+            && self.with_idle_loop(|l| l.serve_briefly(call))
     }
 
     /// Runs `f` on the loop's state on the calling thread, if the loop is parked and
@@ -204,9 +207,10 @@ impl Inner {
             Ok(state) => state,
             Err(_) => return false,
         };
-        let mut guard = Serving { inner: self, state };
-        let Some(l) = guard.state.as_mut() else {
-            return false;
+        let mut guard = Serving {
+            inner: self,
+            state,
+            armed: false,
         };
         {
             let q = self.queue();
@@ -214,13 +218,17 @@ impl Inner {
                 return false;
             }
         }
-        if !f(l) {
+        guard.armed = true;
+        let Some(l) = guard.state.as_mut() else {
             return false;
-        }
-        if !l.is_idle() {
+        };
+        let served = f(l);
+        let idle = l.is_idle();
+        guard.armed = false;
+        if served && !idle {
             self.nudge(self.queue());
         }
-        true
+        served
     }
 
     /// One handle fewer. The last one stops the loop and waits for it to end: the
@@ -248,14 +256,19 @@ impl Inner {
 /// state, perhaps half changed, is dropped (which answers what it held with an error and
 /// reports every lease lost) and the loop woken, to find it gone and end: as a panic on
 /// the loop thread ends the loop.
+///
+/// Only a panic inside the request counts (`armed`): a caller may well use the client
+/// while its thread unwinds for another reason (a guard whose `Drop` unlocks).
 struct Serving<'a> {
     inner: &'a Inner,
     state: MutexGuard<'a, Option<event_loop::EventLoop>>,
+    /// Set while the request runs.
+    armed: bool,
 }
 
 impl Drop for Serving<'_> {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if self.armed && std::thread::panicking() {
             drop(self.state.take());
             self.inner.nudge(self.inner.queue());
         }
