@@ -52,18 +52,21 @@ enum Kind {
     Acquired,
     /// `Error::Taken`: other workers hold the key on too many nodes.
     Taken,
-    /// `Error::Unavailable`, `Error::Expired` or anything else on acquire.
-    Refused,
+    /// `Error::Unavailable`: too few nodes answered for a majority.
+    Unavailable,
+    /// Any other error on acquire (`Error::Expired`, ...).
+    OtherRefusal,
     Extended,
     ExtendFailed,
     Released,
     ReleaseFailed,
 }
 
-const KINDS: [(Kind, &str); 7] = [
+const KINDS: [(Kind, &str); 8] = [
     (Kind::Acquired, "acquired"),
     (Kind::Taken, "refused (held)"),
-    (Kind::Refused, "refused (too few nodes)"),
+    (Kind::Unavailable, "refused (too few nodes)"),
+    (Kind::OtherRefusal, "refused (other)"),
     (Kind::Extended, "extended"),
     (Kind::ExtendFailed, "extend failed"),
     (Kind::Released, "released"),
@@ -170,6 +173,10 @@ impl Shared {
         // A panicking worker must not silence the others.
         self.log.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    fn stats(&self) -> MutexGuard<'_, Vec<Stats>> {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// Sets `stop` when dropped, so that a panic in the main thread still ends the workers
@@ -186,12 +193,13 @@ impl Drop for StopOnDrop<'_> {
 struct Stats {
     acquired: usize,
     taken: usize,
-    refused: usize,
+    unavailable: usize,
     extended: usize,
     released: usize,
     /// Releases whose count was below 5 when `unlock` returned.
     partial: usize,
-    failed: usize,
+    /// Other acquire errors, failed extends, failed unlocks.
+    errors: usize,
     acquire_us: Vec<u64>,
     waited_ms: Vec<u64>,
 }
@@ -322,7 +330,7 @@ fn worker(w: usize, urls: &[String], shared: &Shared) {
             };
             refused(&who, &e, shared, &mut mine);
             if shared.stop.load(Ordering::SeqCst) {
-                shared.stats.lock().unwrap()[w] = mine;
+                shared.stats()[w] = mine;
                 return;
             }
             thread::sleep(Duration::from_millis(2 + fastrand::u64(..8)));
@@ -359,6 +367,7 @@ fn worker(w: usize, urls: &[String], shared: &Shared) {
                     });
                 }
                 Err(e) => {
+                    mine.errors += 1;
                     log.event(&who, Kind::ExtendFailed, || format!("extend failed: {e}"));
                 }
             }
@@ -369,7 +378,7 @@ fn worker(w: usize, urls: &[String], shared: &Shared) {
         release(&who, &mut rl, &lock, shared, &mut mine);
         thread::sleep(Duration::from_millis(fastrand::u64(..5)));
     }
-    shared.stats.lock().unwrap()[w] = mine;
+    shared.stats()[w] = mine;
 }
 
 /// Logs a refused `try_lock`: who holds the lock, and the error's own words.
@@ -383,12 +392,19 @@ fn refused(who: &str, e: &Error, shared: &Shared, mine: &mut Stats) {
     // The Display names every node's answer after the counts; the counts say enough.
     let full = e.to_string();
     let said = full.split("; ").next().unwrap_or(&full);
-    let kind = if matches!(e, Error::Taken(_)) {
-        mine.taken += 1;
-        Kind::Taken
-    } else {
-        mine.refused += 1;
-        Kind::Refused
+    let kind = match e {
+        Error::Taken(_) => {
+            mine.taken += 1;
+            Kind::Taken
+        }
+        Error::Unavailable(_) => {
+            mine.unavailable += 1;
+            Kind::Unavailable
+        }
+        _ => {
+            mine.errors += 1;
+            Kind::OtherRefusal
+        }
     };
     let mut log = shared.log();
     let shown = log.event(who, kind, || format!("refused: {holder}. Error: {said}"));
@@ -401,11 +417,12 @@ fn refused(who: &str, e: &Error, shared: &Shared, mine: &mut Stats) {
             "Error::Taken: enough nodes hold another worker's key that no majority is \
              possible; the worker backs off and tries again.",
         ),
-        _ if log.phase == 1 => log.explain(
+        Kind::Unavailable if log.phase == 1 => log.explain(
             "unavailable",
-            "with 2 nodes frozen, one node holding another worker's key is enough to rule \
-             out a majority, but the frozen ones cannot vote: so the error is \
-             Error::Unavailable (too few answers), not Taken.",
+            "with 2 nodes frozen, the first node found holding another worker's key \
+             already rules out a majority (2 frozen + 1 held leave at most 2), so the error \
+             is Error::Unavailable (too few answers), not Taken; answers read in the same \
+             batch are in the report too.",
         ),
         _ => {}
     }
@@ -418,7 +435,7 @@ fn release(who: &str, rl: &mut Redlock, lock: &Lock, shared: &Shared, mine: &mut
     let n = match result {
         Ok(n) => n,
         Err(e) => {
-            mine.failed += 1;
+            mine.errors += 1;
             log.event(who, Kind::ReleaseFailed, || format!("release failed: {e}"));
             return;
         }
@@ -451,7 +468,7 @@ fn release(who: &str, rl: &mut Redlock, lock: &Lock, shared: &Shared, mine: &mut
 
 /// The table at the end: one row per worker, then totals.
 fn summary(shared: &Shared, started: Instant) {
-    let stats = shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+    let stats = shared.stats();
     println!();
     let row = |cells: [&str; 8]| {
         let [who, a, b, c, d, e, f, g] = cells;
@@ -479,7 +496,7 @@ fn summary(shared: &Shared, started: Instant) {
             &format!("worker {w}"),
             &s.acquired.to_string(),
             &s.taken.to_string(),
-            &s.refused.to_string(),
+            &s.unavailable.to_string(),
             &s.extended.to_string(),
             &format!("{} ({})", s.released, s.partial),
             &format!("{} µs", us.get(us.len() / 2).copied().unwrap_or(0)),
@@ -495,10 +512,16 @@ fn summary(shared: &Shared, started: Instant) {
         .zip(log.seen)
         .map(|((name, _), seen)| format!("{} with {name}", seen[acquired]))
         .collect();
+    let errors: usize = stats.iter().map(|s| s.errors).sum();
+    let legend = format!(
+        "(too few: too few nodes answered for a majority; partial: fewer than {NODES} \
+         deletes confirmed when unlock returned; longest wait: from the first try to the \
+         lock.)"
+    );
+    println!("{}", wrap("", &legend));
     let text = format!(
-        "(too few: too few nodes answered for a quorum; partial: fewer than {NODES} deletes \
-         confirmed when unlock returned; longest wait: from the first try to the lock.) {total} acquisitions in {:.2} s ({}); acquire \
-         p50 {} µs; overlapping holders: {}.",
+        "{total} acquisitions in {:.2} s ({}); acquire p50 {} µs; other errors (acquire, \
+         extend, unlock): {errors}; overlapping holders: {}.",
         started.elapsed().as_secs_f64(),
         per_phase.join(", "),
         all_us.get(all_us.len() / 2).copied().unwrap_or(0),
