@@ -18,7 +18,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use quorumlock::{Error, Lock, Redlock};
+use quorumlock::{Error, Lock, Outcome, Redlock};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -411,6 +411,16 @@ fn refused(who: &str, e: &Error, shared: &Shared, mine: &mut Stats) {
     if !shown {
         return;
     }
+    let locked = e
+        .failure()
+        .map_or(0, |f| f.count(|o| *o == Outcome::Locked));
+    if locked > 0 {
+        log.explain(
+            "ok",
+            "\"ok\": nodes where this worker did set its key; without a majority that is \
+             no lock, so try_lock deletes them again at once.",
+        );
+    }
     match kind {
         Kind::Taken => log.explain(
             "taken",
@@ -423,6 +433,12 @@ fn refused(who: &str, e: &Error, shared: &Shared, mine: &mut Stats) {
              already rules out a majority (2 frozen + 1 held leave at most 2), so the error \
              is Error::Unavailable (too few answers), not Taken; answers read in the same \
              batch are in the report too.",
+        ),
+        Kind::Unavailable if log.phase == 2 => log.explain(
+            "catching-up",
+            "nodes 3 and 4 are still working through what was queued for them while \
+             frozen: until they catch up they are lagging and cannot vote, so for a moment \
+             refusals are still Unavailable.",
         ),
         _ => {}
     }
