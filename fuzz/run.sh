@@ -13,8 +13,9 @@
 # so do `session` and `notice`, whose outboxes are `bytes::BytesMut` (unsafe code inside
 # `bytes`).
 # Exits non-zero if a target finds a crash (the input is kept under
-# fuzz/artifacts/<target>/, which is git-ignored). If cargo-fuzz is missing and cannot be
-# installed, says so and exits 0.
+# fuzz/artifacts/<target>/, which is git-ignored). Uses a `cargo fuzz` already on PATH;
+# otherwise installs cargo-fuzz into fuzz/.tools/ (git-ignored; a few minutes, once),
+# never into ~/.cargo/bin. If it cannot be installed, says so and exits 0.
 set -euo pipefail
 
 SECONDS_PER_TARGET="${1:-30}"
@@ -29,13 +30,20 @@ TARGETS=(resp_parse:none resp_split:address resp_roundtrip:address session:addre
 FUZZ_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$FUZZ_DIR"
 
+# cargo-fuzz: one already on PATH, else this project's own copy under fuzz/.tools/.
+TOOLS="$FUZZ_DIR/.tools"
 if ! cargo fuzz --version >/dev/null 2>&1; then
-    echo "cargo-fuzz not found: installing it"
-    if ! cargo install cargo-fuzz --locked; then
-        echo "cargo-fuzz could not be installed: skipping the bounded fuzz session"
-        exit 0
+    export PATH="$TOOLS/bin:$PATH"
+    if ! cargo fuzz --version >/dev/null 2>&1; then
+        echo "cargo-fuzz not found: installing it into $TOOLS (not ~/.cargo/bin)"
+        if ! cargo install cargo-fuzz --locked --root "$TOOLS" ||
+            ! cargo fuzz --version >/dev/null 2>&1; then
+            echo "cargo-fuzz could not be installed: skipping the bounded fuzz session"
+            exit 0
+        fi
     fi
 fi
+echo "using $(cargo fuzz --version) ($(command -v cargo-fuzz || echo "cargo's own search path"))"
 
 # libFuzzer needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.
 export RUSTC_BOOTSTRAP=1

@@ -4,7 +4,27 @@
 #   FUZZ_SECONDS=N   length of the bounded fuzz session per target (default 30; 0 skips it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says how long the previous one took; the last line says pass or fail.
+step_name=""
+step_start=$SECONDS
+end_step() {
+  if [ -n "$step_name" ]; then
+    printf '<== %s: %ss\n' "$step_name" "$((SECONDS - step_start))"
+  fi
+}
+step() {
+  end_step
+  step_name="$*"
+  step_start=$SECONDS
+  printf '\n==> %s\n' "$*"
+}
+on_exit() {
+  rc=$?
+  if [ "$rc" -ne 0 ]; then
+    printf '\nFAILED (exit %s) in step: %s, after %ss in all\n' "$rc" "${step_name:-?}" "$SECONDS" >&2
+  fi
+}
+trap on_exit EXIT
 
 step "redis-server"
 scripts/ensure-redis.sh
@@ -15,7 +35,9 @@ cargo clippy --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 
 step "unit, integration, fault, hostile-server, torture and doc tests (corpus replay included)"
-cargo test --quiet
+# Not --quiet: cargo names each test binary as it starts ("Running tests/faults.rs"), and
+# each binary's result line ends with how long it took ("finished in 12.34s").
+cargo test
 
 step "bounded fuzz session"
 if [ "${FUZZ_SECONDS:-30}" != 0 ]; then
@@ -28,4 +50,5 @@ if [ -n "$left" ]; then
   echo "processes left running: $left" >&2
   exit 1
 fi
-echo "all green"
+end_step
+echo "all green in ${SECONDS}s"
