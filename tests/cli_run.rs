@@ -306,3 +306,48 @@ fn what_the_command_leaves_in_its_group_is_stopped_before_the_release() {
         "the background sleep outlived the lock"
     );
 }
+
+#[test]
+fn a_stopped_quorumlock_cannot_let_the_command_outlive_the_lock() {
+    let cluster = common::Cluster::start(3);
+    // The child ignores SIGTERM; quorumlock, stopped, can send nothing anyway: only the
+    // watchdog, which holds the moment the group must be gone by, can stop it in time.
+    let (mut run, _pids, child, grandchild) = family(&cluster, "cli:paused", "trap '' TERM; ");
+    let ttl = Duration::from_secs(6);
+
+    // Right after an extend (the PTTL on node 0 rises), stop quorumlock: no extend
+    // follows, and the lock's validity deadline is no later than `now + pttl − drift`.
+    let mut admin = cluster.node(0).admin();
+    let mut last = admin.pttl("cli:paused");
+    assert!(common::wait_until(Duration::from_secs(30), || {
+        let now = admin.pttl("cli:paused");
+        let up = now > last;
+        last = now;
+        up
+    }));
+    let read_at = Instant::now();
+    let pttl = admin.pttl("cli:paused");
+    signal(run.pid(), libc::SIGSTOP);
+    assert!(pttl > 0);
+    let drift = ttl / 100 + Duration::from_millis(2);
+    let deadline = read_at + Duration::from_millis(pttl as u64) - drift;
+
+    let gone = common::wait_until(Duration::from_secs(30), || {
+        gone_or_zombie(child) && gone_or_zombie(grandchild)
+    });
+    let stopped = Instant::now();
+    signal(run.pid(), libc::SIGCONT);
+    assert!(
+        gone,
+        "the command outlived the lock while quorumlock was stopped"
+    );
+    // The watchdog kills half the spare (0.75 s here) before the deadline.
+    assert!(
+        stopped < deadline,
+        "stopped {:?} after the validity deadline",
+        stopped - deadline
+    );
+    // Resumed, quorumlock finds its command killed and its lock lost.
+    let (code, err) = run.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(70), "{err}");
+}

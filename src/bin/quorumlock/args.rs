@@ -116,8 +116,9 @@ THE STOP RULE (run)
   its whole process group from a watchdog process. Processes that left the group
   (setsid, setpgid) are not stopped in any of these cases. The command runs in the
   background of a terminal: it cannot read from it. quorumlock ignores ^Z (SIGTSTP,
-  SIGTTIN, SIGTTOU): stopped, it could neither keep the lock nor stop the command. A
-  SIGSTOP cannot be ignored: do not send one to quorumlock.
+  SIGTTIN, SIGTTOU): stopped, it could neither keep the lock nor stop the command.
+  Should quorumlock be stopped anyway (SIGSTOP) or starved, the watchdog kills the
+  command's group by itself half the spare before the deadline (exit 70 once resumed).
 
 EXIT STATUS
   0        try: got the lock; status: one token held on a majority; bench: done

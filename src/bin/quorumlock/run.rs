@@ -13,6 +13,11 @@
 //! deadline; with no validity left to wait in, SIGKILL goes at once. A healthy lease
 //! never reaches the stop line: at each extend about `2/3·ttl − drift` remains, which
 //! [`check_rule`] requires to be at least `1.5·S` (or `ttl ≥ 3·S`).
+//!
+//! All of that needs this process to run. Should it be stopped (SIGSTOP) or starved, the
+//! watchdog process kills the group by itself at the backstop, half the spare before the
+//! deadline (after this process's own SIGKILL would have landed): the watcher tells it
+//! the backstop again whenever the deadline moves (`Watchdog::kill_by`).
 
 use crate::args::{Args, show};
 use crate::sys::{self, Signals, Watchdog};
@@ -126,7 +131,9 @@ fn with_client(
             };
         }
     };
-    let code = supervise(args, &lease, signals, pid);
+    let code = supervise(args, &lease, signals, watchdog, pid);
+    // The group is gone: nothing left for the watchdog to time.
+    watchdog.kill_by(None);
     if let Err(e) = lease.blocking_release() {
         eprintln!("quorumlock: releasing {resource:?}: {e}");
     }
@@ -209,6 +216,14 @@ impl Rule {
         }
     }
 
+    /// When the watchdog kills the group by itself if this process has not acted: half
+    /// the spare before `deadline`, after the SIGKILL this process sends on time (the
+    /// spare before it), so it never cuts the SIGTERM's grace short, and still before
+    /// the deadline.
+    fn backstop(&self, deadline: Instant) -> Instant {
+        deadline.checked_sub(self.spare / 2).unwrap_or(deadline)
+    }
+
     /// When the SIGKILL of a stop begun `now` is due: `kill_after` later, or earlier if
     /// that is needed to leave `spare` before `deadline` (the watcher woke late, the
     /// machine is loaded, or the deadline moved earlier); `now` itself at the latest.
@@ -221,7 +236,7 @@ impl Rule {
 
 /// Runs until the command (pid = pgid) has exited and its group is empty, stopping it
 /// by the stop rule and forwarding signals; returns the exit code.
-fn supervise(args: &Args, lease: &Lease, signals: &Signals, pid: u32) -> u8 {
+fn supervise(args: &Args, lease: &Lease, signals: &Signals, watchdog: &Watchdog, pid: u32) -> u8 {
     let rule = Rule::new(args.kill_after, args.timeout);
     let waker = signals.waker();
     let mut cx = Context::from_waker(&waker);
@@ -232,12 +247,17 @@ fn supervise(args: &Args, lease: &Lease, signals: &Signals, pid: u32) -> u8 {
     // The lease's local validity deadline as last seen while it was not lost (a lost
     // lease reports no remaining validity): what the SIGKILL must precede.
     let mut deadline = Instant::now() + lease.remaining();
+    // The watchdog's backstop, as last told (see `Rule::backstop`).
+    let mut told: Option<Instant> = None;
     loop {
         for (p, code) in sys::reap() {
             if p == pid {
                 status = Some(code);
-                // The command ran to its end: was the lease still good all along?
-                if stopping.is_none() && lease.is_lost() {
+                // The command ran to its end: was the lease still good all along? Past
+                // the backstop, the watchdog may have killed it: this loop did not act
+                // in time (it was stopped or starved), and the rule is what ended it.
+                let past_backstop = told.is_some_and(|t| Instant::now() >= t);
+                if stopping.is_none() && (lease.is_lost() || past_backstop) {
                     lost_while_running = true;
                 }
             }
@@ -254,6 +274,18 @@ fn supervise(args: &Args, lease: &Lease, signals: &Signals, pid: u32) -> u8 {
             deadline = now + r;
             r
         };
+        // Each extend moves the deadline (a failed one may move it earlier): the
+        // watchdog follows, so that it kills the group by itself should this loop stop
+        // running (SIGSTOP, starvation).
+        let backstop = rule.backstop(deadline);
+        let moved = |t: Instant| {
+            let diff = backstop.max(t) - backstop.min(t);
+            diff >= Duration::from_millis(1)
+        };
+        if told.is_none_or(moved) {
+            watchdog.kill_by(Some(backstop));
+            told = Some(backstop);
+        }
         // Anything of the group still running while the lease is lost or at the stop
         // line is stopped by the rule, also what the command left behind when it exited.
         let group_running = status.is_none()
@@ -334,7 +366,10 @@ fn supervise(args: &Args, lease: &Lease, signals: &Signals, pid: u32) -> u8 {
             why: Stop::Lease, ..
         }) => EX_LOST,
         _ if lost_while_running => {
-            eprintln!("quorumlock: the lock was lost before the command finished");
+            eprintln!(
+                "quorumlock: the lock was lost or ran out before the command finished (if \
+                 quorumlock was stopped or starved, its watchdog killed the command)"
+            );
             EX_LOST
         }
         _ => status.unwrap_or(EX_LOST),

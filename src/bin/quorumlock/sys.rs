@@ -9,12 +9,16 @@
 //!   (async-signal-safe), and restores `errno`.
 //! - The watchdog is forked while the process has one thread, and after the fork only
 //!   calls async-signal-safe functions (`sigaction`, `open`, `dup2`, `close`, `read`,
-//!   `kill`, `_exit`) on stack data.
+//!   `poll`, `clock_gettime`, `kill`, `_exit`) on stack data.
 //! - Every descriptor made here is close-on-exec: the command never inherits the
 //!   self-pipe or the watchdog's pipe.
 //! - The watchdog learns the command's process group from the command itself, between
 //!   fork and exec: from the moment anything of the command runs, a dead quorumlock
 //!   means a killed group.
+//! - The watchdog also holds the moment by which the group must be gone (the lock's
+//!   validity deadline less a margin), which quorumlock moves with every extend: a
+//!   quorumlock that is alive but cannot act (SIGSTOP, starved of CPU) cannot let the
+//!   command outlive the lock either.
 //! - quorumlock ignores the job-control stops (SIGTSTP, SIGTTIN, SIGTTOU): stopped, it
 //!   could neither keep the lock alive nor stop the command, which runs on in its own
 //!   group. The command gets them back as quorumlock found them.
@@ -26,7 +30,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::task::{Wake, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use libc::{SIGKILL, SIGTERM};
 
@@ -312,6 +316,22 @@ impl Watchdog {
         unsafe { libc::waitpid(self.pid, &mut status, 0) };
     }
 
+    /// Tells the watchdog the moment by which the command's group must be gone: should
+    /// quorumlock not have moved it by then (stopped by SIGSTOP, starved of CPU, frozen
+    /// in a debugger), the watchdog kills the group itself. `None` takes the moment back
+    /// (the group is done).
+    pub fn kill_by(&self, at: Option<Instant>) {
+        let at = at.map_or(NEVER, |at| {
+            let left = at.saturating_duration_since(Instant::now());
+            let left = u64::try_from(left.as_nanos()).unwrap_or(NEVER);
+            monotonic_ns().saturating_add(left).min(NEVER - 1)
+        });
+        let mut message = [0u8; 9];
+        message[0] = b'k';
+        message[1..].copy_from_slice(&at.to_ne_bytes());
+        self.send(&message);
+    }
+
     fn send(&self, bytes: &[u8]) {
         if let Some(fd) = &self.write {
             // SAFETY: writing a small stack buffer to a pipe we own; one byte, below
@@ -319,6 +339,24 @@ impl Watchdog {
             unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
         }
     }
+}
+
+/// The watchdog's "no moment set".
+const NEVER: u64 = u64::MAX;
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `Instant` reads, shared by quorumlock and
+/// its watchdog. Async-signal-safe.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime with a valid out pointer to stack data; CLOCK_MONOTONIC
+    // always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// The watchdog's whole life, in the forked child. Async-signal-safe calls only.
@@ -362,14 +400,53 @@ fn watchdog(read: RawFd, write: RawFd) -> ! {
             }
         }
         let pgid = i32::from_ne_bytes(pgid);
-        let mut byte = 0u8;
+        // Messages: `d` (let go), or `k` and 8 bytes (the moment by which the group must
+        // be gone, see `Watchdog::kill_by`); each written whole (below PIPE_BUF).
+        let mut kill_by = NEVER;
         loop {
-            let n = libc::read(read, (&raw mut byte).cast(), 1);
-            if n == 1 {
-                libc::_exit(0); // disarmed: quorumlock finished normally
+            let timeout = if kill_by == NEVER {
+                -1
+            } else {
+                let now = monotonic_ns();
+                if now >= kill_by {
+                    // quorumlock did not act in time (stopped, starved): the lock's
+                    // validity is running out with the command still in it.
+                    if pgid > 1 {
+                        libc::killpg(pgid, libc::SIGKILL);
+                    }
+                    kill_by = NEVER;
+                    continue;
+                }
+                // Rounded up: poll counts whole milliseconds.
+                (kill_by - now).div_ceil(1_000_000).min(i32::MAX as u64) as i32
+            };
+            let mut ready = libc::pollfd {
+                fd: read,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let n = libc::poll(&mut ready, 1, timeout);
+            if n < 0 && *libc::__errno_location() == libc::EINTR || n == 0 {
+                continue;
             }
-            if n == 0 || *libc::__errno_location() != libc::EINTR {
+            if n < 0 {
+                break;
+            }
+            let mut message = [0u8; 9];
+            if !read_exact(read, &mut message[..1]) {
                 break; // quorumlock is gone
+            }
+            match message[0] {
+                b'd' => libc::_exit(0), // let go: quorumlock finished normally
+                b'k' => {
+                    if !read_exact(read, &mut message[1..]) {
+                        break;
+                    }
+                    let mut at = [0u8; 8];
+                    at.copy_from_slice(&message[1..]);
+                    kill_by = u64::from_ne_bytes(at);
+                }
+                _ => {}
             }
         }
         if pgid > 1 {
@@ -377,4 +454,21 @@ fn watchdog(read: RawFd, write: RawFd) -> ! {
         }
         libc::_exit(0)
     }
+}
+
+/// Reads exactly `buf.len()` bytes from `fd`, retrying interrupted reads; false at the
+/// end of the pipe or on an error. Async-signal-safe.
+fn read_exact(fd: RawFd, buf: &mut [u8]) -> bool {
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: reading into the unfilled rest of a caller's buffer.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().add(got).cast(), buf.len() - got) };
+        if n > 0 {
+            got += n as usize;
+        // SAFETY: this thread's errno slot, always valid.
+        } else if n == 0 || unsafe { *libc::__errno_location() } != libc::EINTR {
+            return false;
+        }
+    }
+    true
 }
