@@ -44,6 +44,26 @@ fn family_with(
     (run, pids, child, grandchild)
 }
 
+/// Waits for an extend of `key` (its PTTL on node 0 goes up) and returns, read right
+/// after it, a bound on the lock's validity deadline: no later than `now + pttl − drift`
+/// (the extend was sent before node 0 applied it). Whatever stops the next extend must
+/// follow at once.
+fn after_an_extend(cluster: &common::Cluster, key: &str, ttl: Duration) -> Instant {
+    let mut admin = cluster.node(0).admin();
+    let mut last = admin.pttl(key);
+    assert!(common::wait_until(Duration::from_secs(30), || {
+        let now = admin.pttl(key);
+        let up = now > last;
+        last = now;
+        up
+    }));
+    let read_at = Instant::now();
+    let pttl = admin.pttl(key);
+    assert!(pttl > 0);
+    let drift = ttl / 100 + Duration::from_millis(2);
+    read_at + Duration::from_millis(pttl as u64) - drift
+}
+
 #[test]
 fn a_job_longer_than_the_ttl_keeps_its_lock() {
     let cluster = common::Cluster::start(3);
@@ -104,25 +124,11 @@ fn a_frozen_majority_stops_the_whole_group_before_the_validity_deadline() {
     let (mut run, _pids, child, grandchild) = family(&cluster, "cli:frozen", "trap '' TERM; ");
     let ttl = Duration::from_secs(6);
 
-    // Wait for an extend (the PTTL on node 0 goes up), then freeze 3 of 5 right after
-    // reading the PTTL there: the lock's validity deadline is no earlier than about
-    // `now + pttl − drift` (the last extend was sent before node 0 applied it).
-    let mut admin = cluster.node(0).admin();
-    let mut last = admin.pttl("cli:frozen");
-    assert!(common::wait_until(Duration::from_secs(30), || {
-        let now = admin.pttl("cli:frozen");
-        let up = now > last;
-        last = now;
-        up
-    }));
-    let read_at = Instant::now();
-    let pttl = admin.pttl("cli:frozen");
+    // Right after an extend, freeze 3 of 5: no extend succeeds after it.
+    let deadline = after_an_extend(&cluster, "cli:frozen", ttl);
     for i in 0..3 {
         cluster.node(i).freeze();
     }
-    assert!(pttl > 0);
-    let drift = ttl / 100 + Duration::from_millis(2);
-    let deadline = read_at + Duration::from_millis(pttl as u64) - drift;
 
     assert!(
         common::wait_until(Duration::from_secs(30), || {
@@ -315,22 +321,9 @@ fn a_stopped_quorumlock_cannot_let_the_command_outlive_the_lock() {
     let (mut run, _pids, child, grandchild) = family(&cluster, "cli:paused", "trap '' TERM; ");
     let ttl = Duration::from_secs(6);
 
-    // Right after an extend (the PTTL on node 0 rises), stop quorumlock: no extend
-    // follows, and the lock's validity deadline is no later than `now + pttl − drift`.
-    let mut admin = cluster.node(0).admin();
-    let mut last = admin.pttl("cli:paused");
-    assert!(common::wait_until(Duration::from_secs(30), || {
-        let now = admin.pttl("cli:paused");
-        let up = now > last;
-        last = now;
-        up
-    }));
-    let read_at = Instant::now();
-    let pttl = admin.pttl("cli:paused");
+    // Right after an extend, stop quorumlock: no extend follows.
+    let deadline = after_an_extend(&cluster, "cli:paused", ttl);
     signal(run.pid(), libc::SIGSTOP);
-    assert!(pttl > 0);
-    let drift = ttl / 100 + Duration::from_millis(2);
-    let deadline = read_at + Duration::from_millis(pttl as u64) - drift;
 
     let gone = common::wait_until(Duration::from_secs(30), || {
         gone_or_zombie(child) && gone_or_zombie(grandchild)
