@@ -410,6 +410,35 @@ fn bench_measures_and_leaves_no_key_behind() {
 }
 
 #[test]
+fn bench_stopped_by_a_signal_reports_what_it_measured_and_leaves_no_key_behind() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let mut admin = cluster.node(0).admin();
+    let commands = |a: &mut common::Admin| {
+        a.info_field("stats", "total_commands_processed")
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let before = commands(&mut admin);
+    let mut run = Running::spawn(quorumlock(&nodes, &["bench", "--duration", "5m"]));
+    // Interrupted while it locks and unlocks: its commands reach the nodes.
+    assert!(common::wait_until(Duration::from_secs(20), || {
+        commands(&mut admin) > before + 100
+    }));
+    cli_common::signal(run.pid(), libc::SIGINT);
+    let (code, err) = run.finish(Duration::from_secs(20));
+    assert_eq!(code, Some(130), "{err}");
+    assert!(err.contains("stopped by signal 2"), "{err}");
+    let mut admins = cluster.admins();
+    assert!(
+        common::wait_until(Duration::from_secs(10), || {
+            admins.iter_mut().all(|a| a.keys_count() == 0)
+        }),
+        "bench left keys behind"
+    );
+}
+
+#[test]
 fn nodes_come_from_the_environment_unless_given() {
     let cluster = common::Cluster::start(3);
     let nodes = cluster.urls().join(",");

@@ -76,7 +76,8 @@ ACTIONS
   bench
       Acquire and release locks on keys `quorumlock:bench:<random>` one after the other
       against the nodes; a progress line on stderr, a table of p50/p99 latencies and
-      locks/s on stdout.
+      locks/s on stdout. ^C (or SIGTERM, SIGHUP) stops it between two locks: the
+      numbers so far are printed, nothing is left on the nodes, exit 128+N.
 
 OPTIONS
   --nodes URL,URL,...    Redis masters: redis://[[user]:password@]host[:port][/db] or
@@ -131,7 +132,8 @@ EXIT STATUS
   75       not acquired within --wait: held by another client
   126      run: the command is not executable
   127      run: the command was not found
-  128+N    run: quorumlock got signal N while waiting for the lock (nothing was run)
+  128+N    run: quorumlock got signal N while waiting for the lock (nothing was run);
+           bench: stopped by signal N
 
 ENVIRONMENT
   QUORUMLOCK_NODES       comma-separated node URLs, used when --nodes is not given

@@ -1,7 +1,8 @@
 //! `try`, `status` and `bench`: short-lived direct clients, no child process.
 
 use crate::args::{Args, show};
-use crate::failure_code;
+use crate::sys::Signals;
+use crate::{EX_OSERR, failure_code};
 use quorumlock::{Builder, Settings};
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -94,6 +95,16 @@ pub fn status(settings: &Settings, resource: &str) -> u8 {
 
 /// Locks and releases keys `quorumlock:bench:<random>:<i>` one after the other.
 pub fn bench(builder: Builder, args: &Args) -> u8 {
+    // ^C (or SIGTERM, SIGHUP) ends the run between two locks: each lock taken is
+    // released before the next check, so nothing is left on the nodes; the numbers so
+    // far are printed and the exit status is 128 + the signal.
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("quorumlock: {e}");
+            return EX_OSERR;
+        }
+    };
     let mut rl = match builder.build() {
         Ok(rl) => rl,
         Err(e) => return fail(&e),
@@ -109,7 +120,12 @@ pub fn bench(builder: Builder, args: &Args) -> u8 {
     };
     let mut i = 0u64;
     let mut key = String::new();
+    let mut interrupted = None;
     while !done(i, Instant::now()) {
+        if let Some(&sig) = signals.take().first() {
+            interrupted = Some(sig);
+            break;
+        }
         key.clear();
         key.push_str(&prefix);
         key.push_str(&i.to_string());
@@ -147,7 +163,14 @@ pub fn bench(builder: Builder, args: &Args) -> u8 {
         }
     }
     let elapsed = start.elapsed();
-    eprintln!("\rbench: done: {i} attempts in {}{:20}", show(elapsed), "");
+    match interrupted {
+        Some(sig) => eprintln!(
+            "\rbench: stopped by signal {sig} after {i} attempts in {}{:20}",
+            show(elapsed),
+            ""
+        ),
+        None => eprintln!("\rbench: done: {i} attempts in {}{:20}", show(elapsed), ""),
+    }
     if acquire.is_empty() {
         if let Some(e) = &last_error {
             return fail(e);
@@ -174,7 +197,7 @@ pub fn bench(builder: Builder, args: &Args) -> u8 {
             micros(samples.last().copied().unwrap_or_default())
         );
     }
-    0
+    interrupted.map_or(0, |sig| 128 + sig as u8)
 }
 
 fn percentile(sorted: &[Duration], p: usize) -> Duration {
