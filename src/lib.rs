@@ -33,7 +33,8 @@
 //!
 //! # Layout
 //!
-//! - [`Redlock`], [`Builder`], [`Settings`], [`Endpoint`], [`Lock`]: the API.
+//! - [`Redlock`], [`Builder`], [`Settings`], [`Endpoint`], [`Lock`] (and [`LockParts`], a
+//!   lock as plain data for another process): the API.
 //! - [`SharedRedlock`], [`Lease`]: one event loop thread for every thread and async task
 //!   of a process (`async fn`s and blocking twins), leases it keeps alive, waiters woken
 //!   when the holder releases.
@@ -76,7 +77,7 @@ pub use error::{
     ArgumentError, ConfigError, Error, Failure, NodeError, NodeReport, OsError, Outcome, Phase,
 };
 pub use inspect::{NodeView, inspect};
-pub use lock::{INLINE_RESOURCE, Lock};
+pub use lock::{INLINE_RESOURCE, Lock, LockParts};
 pub use redlock::{MAX_RESOURCE, MAX_TTL, Redlock};
 pub use resp::{Limits, ProtocolError};
 pub use shared::{Lease, Lost, SharedRedlock};

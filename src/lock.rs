@@ -1,6 +1,7 @@
 //! A held lock: plain data, no handle to the client that took it.
 
 use crate::core::token::Token;
+use crate::error::{ArgumentError, Error};
 use std::fmt;
 use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
@@ -219,6 +220,149 @@ impl fmt::Debug for Lock {
             .field("ttl", &self.ttl)
             .field("remaining", &self.remaining())
             .finish()
+    }
+}
+
+/// A lock as plain data ([`Lock::to_parts`]), for handing it to another process, which
+/// makes it a [`Lock`] again with [`Lock::from_parts`] to extend or release it (a job
+/// system's "the worker that finishes the job releases its lock").
+///
+/// How to send it is the caller's choice; every field is plain data. The token is a
+/// credential: whoever has it can extend or release the lock, so send it over a channel
+/// you trust, and never log it (`Debug` shows a prefix only).
+///
+/// **Validity travels as a duration.** Two processes share no clock, so
+/// [`LockParts::remaining`] is the validity left when [`Lock::to_parts`] ran, on the
+/// sender's clock. Before [`Lock::from_parts`], the receiver must take off the time the
+/// parts spent in transit (at least the time since they were sent, as well as it can bound
+/// it): the receiver's lock is valid for `remaining` from the moment `from_parts` runs.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use quorumlock::{Lock, Redlock};
+///
+/// // Process A takes the lock and hands it over.
+/// let mut a = Redlock::builder().nodes(["redis://127.0.0.1:7001"]).build()?;
+/// let lock = a.lock("job:17", Duration::from_secs(30))?;
+/// let mut parts = lock.to_parts();
+/// // ... parts travel to process B; it measured (or bounds) the transit at 40 ms ...
+/// parts.remaining = parts.remaining.saturating_sub(Duration::from_millis(40));
+/// let mut b = Redlock::builder().nodes(["redis://127.0.0.1:7001"]).build()?;
+/// let mut lock = Lock::from_parts(parts)?;
+/// b.extend(&mut lock, Duration::from_secs(30))?;
+/// b.unlock(&lock)?;
+/// # Ok::<(), quorumlock::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct LockParts {
+    /// The resources, in order: one, or every resource of a
+    /// [`Redlock::lock_all`](crate::Redlock::lock_all).
+    pub resources: Vec<Vec<u8>>,
+    /// The value stored under the keys (a credential).
+    pub token: Vec<u8>,
+    /// The ttl the keys were last set with.
+    pub ttl: Duration,
+    /// The validity left when the parts were made, on the sender's clock (see above).
+    pub remaining: Duration,
+    /// The fence, for a lock taken with fencing on.
+    pub fence: Option<u64>,
+}
+
+impl fmt::Debug for LockParts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let token = String::from_utf8_lossy(&self.token);
+        let prefix: String = token.chars().take(8).collect();
+        f.debug_struct("LockParts")
+            .field(
+                "resources",
+                &self
+                    .resources
+                    .iter()
+                    .map(|r| crate::error::Escaped(r))
+                    .collect::<Vec<_>>(),
+            )
+            .field("token", &format_args!("{prefix}…"))
+            .field("ttl", &self.ttl)
+            .field("remaining", &self.remaining)
+            .field("fence", &self.fence)
+            .finish()
+    }
+}
+
+impl Lock {
+    /// The lock as plain data, to hand to another process (see [`LockParts`]).
+    /// `remaining` is the validity left now.
+    pub fn to_parts(&self) -> LockParts {
+        LockParts {
+            resources: self.resources().map(<[u8]>::to_vec).collect(),
+            token: self.token().to_vec(),
+            ttl: self.ttl,
+            remaining: self.remaining(),
+            fence: self.fence(),
+        }
+    }
+
+    /// A lock handed over as [`LockParts`], valid for `parts.remaining` from now: the
+    /// receiver must have taken the transit time off it (see [`LockParts`]). Extend and
+    /// release it as any lock, with a client on the same nodes; both reach every node,
+    /// since which nodes the sender's commands reached is not known here.
+    /// [`Lock::started`] is the moment of this call.
+    ///
+    /// Refused with [`Error::InvalidArgument`], and nothing made, when the parts cannot
+    /// be a lock: no resource, an empty or too long one, one named twice; a token that is
+    /// not this crate's (32 lowercase hex digits); a ttl of zero or over
+    /// [`MAX_TTL`](crate::MAX_TTL); `remaining` over the ttl (a clock or transit
+    /// mistake); a fence of 0 (fences start at 1).
+    pub fn from_parts(parts: LockParts) -> Result<Lock, Error> {
+        let bad = |what: &'static str, value: String, problem: &str| {
+            Error::InvalidArgument(ArgumentError::new(what, value, problem.to_string()))
+        };
+        let Some((first, rest)) = parts.resources.split_first() else {
+            return Err(bad(
+                "resources",
+                "[]".into(),
+                "a lock has one resource at least",
+            ));
+        };
+        for (i, r) in parts.resources.iter().enumerate() {
+            crate::redlock::check_resource(r)?;
+            if parts.resources[..i].contains(r) {
+                return Err(bad(
+                    "resources",
+                    format!("{:?}", crate::error::Escaped(r)),
+                    "named twice",
+                ));
+            }
+        }
+        let token = Token::from_hex(&parts.token).ok_or_else(|| {
+            bad(
+                "token",
+                format!("{} bytes", parts.token.len()),
+                "not a token of this crate (32 lowercase hex digits)",
+            )
+        })?;
+        crate::redlock::ttl_millis(parts.ttl)?;
+        if parts.remaining > parts.ttl {
+            return Err(bad(
+                "remaining",
+                format!("{:?}", parts.remaining),
+                "more than the ttl: a clock or transit mistake",
+            ));
+        }
+        let fence = match parts.fence {
+            None => None,
+            Some(f) => Some(
+                NonZeroU64::new(f).ok_or_else(|| bad("fence", "0".into(), "fences start at 1"))?,
+            ),
+        };
+        let now = Instant::now();
+        let deadline = now.checked_add(parts.remaining).unwrap_or(now);
+        // Every node: an unlock or extend follows the lock wherever it may be.
+        let mut lock = Lock::new(first, token, parts.ttl, now, deadline, u64::MAX);
+        lock.fence = fence;
+        Ok(lock.with_more(rest.iter().map(|r| r[..].into()).collect()))
     }
 }
 

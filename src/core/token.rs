@@ -52,6 +52,26 @@ impl Token {
         out[16..].copy_from_slice(&hex16(bits as u64));
         Token(out)
     }
+
+    /// The token of `bytes` if they are one as this crate makes them: 32 lowercase hex
+    /// digits (a lock handed over from another process, see `Lock::from_parts`).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use quorumlock::__private::core::token::Token;
+    ///
+    /// let t = Token::from_bits(0xab);
+    /// assert_eq!(Token::from_hex(t.as_bytes()), Some(t));
+    /// assert_eq!(Token::from_hex(b"not a token"), None);
+    /// ```
+    pub fn from_hex(bytes: &[u8]) -> Option<Token> {
+        let digits: &[u8; 32] = bytes.try_into().ok()?;
+        digits
+            .iter()
+            .all(|&b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            .then_some(Token(*digits))
+    }
 }
 
 /// The 16 lowercase hex digits of `v`, most significant first, without a table or a
