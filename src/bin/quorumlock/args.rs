@@ -118,8 +118,10 @@ THE STOP RULE (run)
   (setsid, setpgid) are not stopped in any of these cases. The command runs in the
   background of a terminal: it cannot read from it. quorumlock ignores ^Z (SIGTSTP,
   SIGTTIN, SIGTTOU): stopped, it could neither keep the lock nor stop the command.
-  Should quorumlock be stopped anyway (SIGSTOP) or starved, the watchdog kills the
-  command's group by itself half the spare before the deadline (exit 70 once resumed).
+  Should quorumlock be stopped anyway (SIGSTOP to it or to its job's process group) or
+  stall, the watchdog, in a process group of its own, kills the command's group by
+  itself half the spare before the deadline (exit 70 once resumed). Both paused
+  together (a cgroup freeze, a suspended machine) is beyond it.
 
 EXIT STATUS
   0        try: got the lock; status: one token held on a majority; bench: done

@@ -14,10 +14,13 @@
 //! never reaches the stop line: at each extend about `2/3·ttl − drift` remains, which
 //! [`check_rule`] requires to be at least `1.5·S` (or `ttl ≥ 3·S`).
 //!
-//! All of that needs this process to run. Should it be stopped (SIGSTOP) or starved, the
-//! watchdog process kills the group by itself at the backstop, half the spare before the
-//! deadline (after this process's own SIGKILL would have landed): the watcher tells it
-//! the backstop again whenever the deadline moves (`Watchdog::kill_by`).
+//! All of that needs this process to run. Should it be stopped (SIGSTOP to it or to its
+//! process group) or its loop stall, the watchdog process kills the group by itself at
+//! the backstop, half the spare before the deadline (after this process's own SIGKILL
+//! would have landed): the watcher moves the backstop with the deadline on every pass,
+//! in memory the two share (`Watchdog::kill_by`), and the run exits 70 if the watchdog
+//! killed the command. A pause of the whole machine, or of both processes (a cgroup
+//! freeze), is beyond it.
 
 use crate::args::{Args, show};
 use crate::sys::{self, Signals, Watchdog};
@@ -93,7 +96,7 @@ pub fn run(args: &Args, builder: quorumlock::Builder, resource: &str, command: &
         Err(e) => return os_error(&e),
     };
     let code = match builder.build_shared() {
-        Ok(shared) => with_client(args, &shared, &signals, &watchdog, resource, command),
+        Ok(shared) => with_client(args, &shared, &signals, &mut watchdog, resource, command),
         Err(e) => {
             eprintln!("quorumlock: {e}");
             failure_code(&e)
@@ -112,7 +115,7 @@ fn with_client(
     args: &Args,
     shared: &SharedRedlock,
     signals: &Signals,
-    watchdog: &Watchdog,
+    watchdog: &mut Watchdog,
     resource: &str,
     command: &[String],
 ) -> u8 {
@@ -120,6 +123,9 @@ fn with_client(
         Ok(lease) => lease,
         Err(code) => return code,
     };
+    // The backstop is set before anything of the command runs.
+    let rule = Rule::new(args.kill_after, args.timeout);
+    watchdog.kill_by(Some(rule.backstop(Instant::now() + lease.remaining())));
     let pid = match sys::spawn(command, watchdog) {
         Ok(pid) => pid,
         Err(e) => {
@@ -131,9 +137,11 @@ fn with_client(
             };
         }
     };
-    let code = supervise(args, &lease, signals, watchdog, pid);
-    // The group is gone: nothing left for the watchdog to time.
+    let code = supervise(&rule, &lease, signals, watchdog, pid);
+    // The group is gone: nothing is left for the watchdog to watch (and its pgid may be
+    // reused by another group from now on).
     watchdog.kill_by(None);
+    watchdog.disarm();
     if let Err(e) = lease.blocking_release() {
         eprintln!("quorumlock: releasing {resource:?}: {e}");
     }
@@ -218,8 +226,10 @@ impl Rule {
 
     /// When the watchdog kills the group by itself if this process has not acted: half
     /// the spare before `deadline`, after the SIGKILL this process sends on time (the
-    /// spare before it), so it never cuts the SIGTERM's grace short, and still before
-    /// the deadline.
+    /// spare before it), so it never cuts the SIGTERM's grace short; and before the
+    /// deadline by half the spare less the watchdog's own lateness (it sleeps at most
+    /// 20 ms at a time, which the kernel may end some 20 µs late; a loaded machine adds
+    /// its scheduling delay).
     fn backstop(&self, deadline: Instant) -> Instant {
         deadline.checked_sub(self.spare / 2).unwrap_or(deadline)
     }
@@ -236,8 +246,7 @@ impl Rule {
 
 /// Runs until the command (pid = pgid) has exited and its group is empty, stopping it
 /// by the stop rule and forwarding signals; returns the exit code.
-fn supervise(args: &Args, lease: &Lease, signals: &Signals, watchdog: &Watchdog, pid: u32) -> u8 {
-    let rule = Rule::new(args.kill_after, args.timeout);
+fn supervise(rule: &Rule, lease: &Lease, signals: &Signals, watchdog: &Watchdog, pid: u32) -> u8 {
     let waker = signals.waker();
     let mut cx = Context::from_waker(&waker);
     let mut lost = pin!(lease.lost());
@@ -247,17 +256,15 @@ fn supervise(args: &Args, lease: &Lease, signals: &Signals, watchdog: &Watchdog,
     // The lease's local validity deadline as last seen while it was not lost (a lost
     // lease reports no remaining validity): what the SIGKILL must precede.
     let mut deadline = Instant::now() + lease.remaining();
-    // The watchdog's backstop, as last told (see `Rule::backstop`).
-    let mut told: Option<Instant> = None;
     loop {
         for (p, code) in sys::reap() {
             if p == pid {
                 status = Some(code);
-                // The command ran to its end: was the lease still good all along? Past
-                // the backstop, the watchdog may have killed it: this loop did not act
-                // in time (it was stopped or starved), and the rule is what ended it.
-                let past_backstop = told.is_some_and(|t| Instant::now() >= t);
-                if stopping.is_none() && (lease.is_lost() || past_backstop) {
+                // The command ran to its end: was the lease still good all along? Killed
+                // by the watchdog at the backstop, it was ended by the rule: this loop
+                // did not act in time (it was stopped, or stalled).
+                let by_watchdog = watchdog.fired() && i32::from(code) == 128 + sys::SIGKILL;
+                if stopping.is_none() && (lease.is_lost() || by_watchdog) {
                     lost_while_running = true;
                 }
             }
@@ -276,16 +283,8 @@ fn supervise(args: &Args, lease: &Lease, signals: &Signals, watchdog: &Watchdog,
         };
         // Each extend moves the deadline (a failed one may move it earlier): the
         // watchdog follows, so that it kills the group by itself should this loop stop
-        // running (SIGSTOP, starvation).
-        let backstop = rule.backstop(deadline);
-        let moved = |t: Instant| {
-            let diff = backstop.max(t) - backstop.min(t);
-            diff >= Duration::from_millis(1)
-        };
-        if told.is_none_or(moved) {
-            watchdog.kill_by(Some(backstop));
-            told = Some(backstop);
-        }
+        // running (SIGSTOP, a stall). A store to shared memory, every pass.
+        watchdog.kill_by(Some(rule.backstop(deadline)));
         // Anything of the group still running while the lease is lost or at the stop
         // line is stopped by the rule, also what the command left behind when it exited.
         let group_running = status.is_none()
@@ -319,7 +318,7 @@ fn supervise(args: &Args, lease: &Lease, signals: &Signals, watchdog: &Watchdog,
                     why: Stop::Lease,
                     ..st
                 },
-                None => begin_stop(pid, Stop::Lease, &rule, now, deadline),
+                None => begin_stop(pid, Stop::Lease, rule, now, deadline),
             });
         }
         if status.is_some() && stopping.is_none() {
@@ -329,7 +328,7 @@ fn supervise(args: &Args, lease: &Lease, signals: &Signals, watchdog: &Watchdog,
             eprintln!(
                 "quorumlock: the command exited but left processes in its group; stopping them"
             );
-            stopping = Some(begin_stop(pid, Stop::Leftovers, &rule, now, deadline));
+            stopping = Some(begin_stop(pid, Stop::Leftovers, rule, now, deadline));
         }
         if let Some(st) = &mut stopping {
             if st.give_up.is_none() {
@@ -366,10 +365,14 @@ fn supervise(args: &Args, lease: &Lease, signals: &Signals, watchdog: &Watchdog,
             why: Stop::Lease, ..
         }) => EX_LOST,
         _ if lost_while_running => {
-            eprintln!(
-                "quorumlock: the lock was lost or ran out before the command finished (if \
-                 quorumlock was stopped or starved, its watchdog killed the command)"
-            );
+            if watchdog.fired() {
+                eprintln!(
+                    "quorumlock: quorumlock could not act in time (stopped, or stalled): its \
+                     watchdog killed the command before the lock's validity ran out"
+                );
+            } else {
+                eprintln!("quorumlock: the lock was lost before the command finished");
+            }
             EX_LOST
         }
         _ => status.unwrap_or(EX_LOST),

@@ -8,8 +8,9 @@
 //! - The signal handler only touches atomics and `write(2)`s one byte to the self-pipe
 //!   (async-signal-safe), and restores `errno`.
 //! - The watchdog is forked while the process has one thread, and after the fork only
-//!   calls async-signal-safe functions (`sigaction`, `open`, `dup2`, `close`, `read`,
-//!   `poll`, `clock_gettime`, `kill`, `_exit`) on stack data.
+//!   calls async-signal-safe functions (`setpgid`, `sigaction`, `open`, `dup2`,
+//!   `close`, `read`, `ppoll`, `clock_gettime`, `kill`, `_exit`) on stack data and
+//!   atomics in the shared page.
 //! - Every descriptor made here is close-on-exec: the command never inherits the
 //!   self-pipe or the watchdog's pipe.
 //! - The watchdog learns the command's process group from the command itself, between
@@ -28,7 +29,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::task::{Wake, Waker};
 use std::time::{Duration, Instant};
 
@@ -279,69 +280,114 @@ pub fn reap() -> Vec<(u32, u8)> {
 }
 
 /// A process forked before any thread exists that kills the command's process group
-/// if quorumlock dies without saying goodbye (kill -9): it blocks reading a pipe whose
-/// only write end quorumlock holds, and the kernel closes that end when quorumlock
-/// dies, whatever killed it. The command writes its pgid into that pipe before it
-/// execs (see [`spawn`]); quorumlock writes one byte to let the watchdog go.
+/// when quorumlock can no longer vouch for it:
+///
+/// - **quorumlock died** (kill -9, whatever killed it): the watchdog holds the read end
+///   of a pipe whose only write end quorumlock holds; the kernel closes that end when
+///   quorumlock dies, and the watchdog, seeing the end of the pipe, kills the group.
+/// - **quorumlock cannot act** (stopped by SIGSTOP, frozen in a debugger, its loop
+///   stalled): quorumlock keeps the moment by which the group must be gone (the
+///   backstop, [`Watchdog::kill_by`]) in a page shared with the watchdog, moved with
+///   every extend; the watchdog looks at it at least every [`WATCH_STEP`] and, once it
+///   has passed, kills the group and says so in the same page ([`Watchdog::fired`]).
+///
+/// The watchdog runs in a process group of its own, so that a signal to quorumlock's
+/// group (`kill -STOP %job`, a group-wide SIGKILL) does not reach it. The command writes
+/// its pgid into the pipe before it execs (see [`spawn`]); quorumlock writes one byte to
+/// let the watchdog go.
 pub struct Watchdog {
     write: Option<OwnedFd>,
     pid: libc::pid_t,
+    shared: &'static Shared,
 }
+
+/// What quorumlock and its watchdog share: one anonymous page mapped before the fork.
+struct Shared {
+    /// `CLOCK_MONOTONIC` nanoseconds by which the command's group must be gone, or
+    /// [`NEVER`].
+    kill_by: AtomicU64,
+    /// Set by the watchdog when it killed the group at the backstop.
+    fired: AtomicBool,
+}
+
+/// The longest the watchdog sleeps between two looks at the backstop: short sleeps keep
+/// the kernel's timer slack (0.1 % of a sleep, up to 100 ms) to microseconds.
+const WATCH_STEP: Duration = Duration::from_millis(20);
 
 impl Watchdog {
     /// Forks the watchdog. Must be called while the process has a single thread.
     pub fn start() -> io::Result<Watchdog> {
         let (read, write) = pipe(false)?;
+        // SAFETY: an anonymous shared mapping of one page, checked below; never unmapped
+        // (it lives as long as the process), so a `'static` reference to it is sound.
+        // Zeroed memory is a valid `Shared` (atomics of 0); it is then set in place.
+        let shared: &'static Shared = unsafe {
+            let page = libc::mmap(
+                std::ptr::null_mut(),
+                std::mem::size_of::<Shared>(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if page == libc::MAP_FAILED {
+                return last_error("mmap");
+            }
+            &*page.cast::<Shared>()
+        };
+        shared.kill_by.store(NEVER, Ordering::SeqCst);
         // SAFETY: called before any thread is started (main does it first), so the
         // child is a faithful copy; the child only runs `watchdog`, which only makes
         // async-signal-safe calls and never returns.
         match unsafe { libc::fork() } {
             -1 => last_error("fork"),
-            0 => watchdog(read.as_raw_fd(), write.as_raw_fd()),
+            0 => watchdog(read.as_raw_fd(), write.as_raw_fd(), shared),
             pid => Ok(Watchdog {
                 write: Some(write),
                 pid,
+                shared,
             }),
         }
     }
 
     /// Lets the watchdog exit without killing anything, and reaps it (it exits as soon
-    /// as it reads the byte, or has already gone if `reap` collected it).
+    /// as it reads the byte, or has already gone if `reap` collected it). Once only.
     pub fn disarm(&mut self) {
-        self.send(b"d");
-        self.write = None;
+        let Some(fd) = self.write.take() else {
+            return;
+        };
+        // SAFETY: writing one byte from a static buffer to a pipe we own.
+        unsafe { libc::write(fd.as_raw_fd(), b"d".as_ptr().cast(), 1) };
+        drop(fd);
         let mut status = 0;
         // SAFETY: waitpid on our own child with a valid out pointer; ECHILD (already
         // reaped) returns at once.
         unsafe { libc::waitpid(self.pid, &mut status, 0) };
     }
 
-    /// Tells the watchdog the moment by which the command's group must be gone: should
-    /// quorumlock not have moved it by then (stopped by SIGSTOP, starved of CPU, frozen
-    /// in a debugger), the watchdog kills the group itself. `None` takes the moment back
-    /// (the group is done).
+    /// Sets the backstop: the moment by which the command's group must be gone. Should
+    /// quorumlock not have moved it by then, the watchdog kills the group itself.
+    /// `None`: no backstop (the group is done). A store to shared memory: no system call
+    /// that could block.
     pub fn kill_by(&self, at: Option<Instant>) {
         let at = at.map_or(NEVER, |at| {
+            // The monotonic clock read first: a pause between the two readings makes
+            // the moment earlier, never later.
+            let base = monotonic_ns();
             let left = at.saturating_duration_since(Instant::now());
             let left = u64::try_from(left.as_nanos()).unwrap_or(NEVER);
-            monotonic_ns().saturating_add(left).min(NEVER - 1)
+            base.saturating_add(left).min(NEVER - 1)
         });
-        let mut message = [0u8; 9];
-        message[0] = b'k';
-        message[1..].copy_from_slice(&at.to_ne_bytes());
-        self.send(&message);
+        self.shared.kill_by.store(at, Ordering::SeqCst);
     }
 
-    fn send(&self, bytes: &[u8]) {
-        if let Some(fd) = &self.write {
-            // SAFETY: writing a small stack buffer to a pipe we own; one byte, below
-            // PIPE_BUF, so it is written whole or not at all.
-            unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
-        }
+    /// Whether the watchdog killed the group at the backstop.
+    pub fn fired(&self) -> bool {
+        self.shared.fired.load(Ordering::SeqCst)
     }
 }
 
-/// The watchdog's "no moment set".
+/// The backstop's "none".
 const NEVER: u64 = u64::MAX;
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock `Instant` reads, shared by quorumlock and
@@ -360,12 +406,16 @@ fn monotonic_ns() -> u64 {
 }
 
 /// The watchdog's whole life, in the forked child. Async-signal-safe calls only.
-fn watchdog(read: RawFd, write: RawFd) -> ! {
+fn watchdog(read: RawFd, write: RawFd, shared: &Shared) -> ! {
     // SAFETY: every call takes plain integers or pointers to stack data, and is
     // async-signal-safe; `_exit` ends the process without running any Rust code
-    // (no destructors, no atexit of the parent's copy of the runtime).
+    // (no destructors, no atexit of the parent's copy of the runtime). `shared` is the
+    // page mapped before the fork, shared with quorumlock.
     unsafe {
         libc::close(write);
+        // A group of its own: a signal to quorumlock's group (a job stopped with
+        // `kill -STOP %1`, a group-wide SIGKILL) must not reach the watchdog.
+        libc::setpgid(0, 0);
         // A terminal's ^C, ^\, ^Z, a hang-up or a SIGTERM to quorumlock's whole group
         // must not take the watchdog down (or stop it) before quorumlock: it goes when
         // quorumlock goes, by its pipe.
@@ -390,63 +440,52 @@ fn watchdog(read: RawFd, write: RawFd) -> ! {
             }
         }
         let mut pgid = [0u8; 4];
-        let mut got = 0;
-        while got < 4 {
-            let n = libc::read(read, pgid.as_mut_ptr().add(got).cast(), 4 - got);
-            if n > 0 {
-                got += n as usize;
-            } else if n == 0 || *libc::__errno_location() != libc::EINTR {
-                libc::_exit(0); // quorumlock ended before starting a command
-            }
+        if !read_exact(read, &mut pgid) {
+            libc::_exit(0); // quorumlock ended before starting a command
         }
         let pgid = i32::from_ne_bytes(pgid);
-        // Messages: `d` (let go), or `k` and 8 bytes (the moment by which the group must
-        // be gone, see `Watchdog::kill_by`); each written whole (below PIPE_BUF).
-        let mut kill_by = NEVER;
+        let step = WATCH_STEP.as_nanos() as u64;
+        let mut fired = false;
         loop {
-            let timeout = if kill_by == NEVER {
-                -1
-            } else {
-                let now = monotonic_ns();
-                if now >= kill_by {
-                    // quorumlock did not act in time (stopped, starved): the lock's
-                    // validity is running out with the command still in it.
-                    if pgid > 1 {
-                        libc::killpg(pgid, libc::SIGKILL);
-                    }
-                    kill_by = NEVER;
-                    continue;
+            // Sleep until the backstop or for a step, whichever is sooner (a new
+            // backstop may have been set meanwhile), or until the pipe has news.
+            let kill_by = shared.kill_by.load(Ordering::SeqCst);
+            let now = monotonic_ns();
+            if !fired && kill_by != NEVER && now >= kill_by {
+                // quorumlock did not act in time: the lock's validity is running out
+                // with the command still in it.
+                if pgid > 1 {
+                    libc::killpg(pgid, libc::SIGKILL);
                 }
-                // Rounded up: poll counts whole milliseconds.
-                (kill_by - now).div_ceil(1_000_000).min(i32::MAX as u64) as i32
+                shared.fired.store(true, Ordering::SeqCst);
+                fired = true;
+                continue;
+            }
+            let wait = if fired || kill_by == NEVER {
+                step
+            } else {
+                (kill_by - now).min(step)
+            };
+            let timeout = libc::timespec {
+                tv_sec: (wait / 1_000_000_000) as libc::time_t,
+                tv_nsec: (wait % 1_000_000_000) as libc::c_long,
             };
             let mut ready = libc::pollfd {
                 fd: read,
                 events: libc::POLLIN,
                 revents: 0,
             };
-            let n = libc::poll(&mut ready, 1, timeout);
-            if n < 0 && *libc::__errno_location() == libc::EINTR || n == 0 {
+            // ppoll, not poll: the timeout in nanoseconds, not rounded up to a millisecond.
+            // An error (EINTR, or anything else) just looks again.
+            if libc::ppoll(&mut ready, 1, &timeout, std::ptr::null()) <= 0 {
                 continue;
             }
-            if n < 0 {
-                break;
+            let mut byte = [0u8; 1];
+            if !read_exact(read, &mut byte) {
+                break; // the end of the pipe: quorumlock is gone
             }
-            let mut message = [0u8; 9];
-            if !read_exact(read, &mut message[..1]) {
-                break; // quorumlock is gone
-            }
-            match message[0] {
-                b'd' => libc::_exit(0), // let go: quorumlock finished normally
-                b'k' => {
-                    if !read_exact(read, &mut message[1..]) {
-                        break;
-                    }
-                    let mut at = [0u8; 8];
-                    at.copy_from_slice(&message[1..]);
-                    kill_by = u64::from_ne_bytes(at);
-                }
-                _ => {}
+            if byte[0] == b'd' {
+                libc::_exit(0); // let go: quorumlock finished normally
             }
         }
         if pgid > 1 {
