@@ -172,6 +172,9 @@ struct Acquire {
     subscribed: bool,
     /// The nodes whose release notice for the key came since the last attempt.
     heard: u64,
+    /// A hash of the key, set when it subscribes: notices skip other waiters without
+    /// locking their calls ([`key_hash`]).
+    key_hash: u64,
 }
 
 /// A live lease, as the loop keeps it.
@@ -442,6 +445,7 @@ impl EventLoop {
                         final_answer: false,
                         subscribed: false,
                         heard: 0,
+                        key_hash: 0,
                     }),
                     Err(e) => {
                         self.tell(&call, Err(e));
@@ -463,6 +467,7 @@ impl EventLoop {
                     final_answer: false,
                     subscribed: false,
                     heard: 0,
+                    key_hash: 0,
                 });
             }
             Op::Extend => {
@@ -647,8 +652,10 @@ impl EventLoop {
             let quorum = self.rl.quorum();
             let waiting = &mut self.waiting;
             self.notices.on_ready(ready, now, |node, key| {
+                let hash = key_hash(key);
                 for a in waiting.iter_mut() {
-                    if !a.subscribed || a.call.lock().key != key {
+                    // The hash first: thousands of waiters cost no lock each.
+                    if !a.subscribed || a.key_hash != hash || a.call.lock().key != key {
                         continue;
                     }
                     a.heard |= 1 << node;
@@ -673,6 +680,7 @@ impl EventLoop {
         if !a.subscribed && !is_lock_all(&a.call) {
             a.subscribed = true;
             let r = a.call.lock();
+            a.key_hash = key_hash(&r.key);
             self.notices.want(&r.key, now);
         }
     }
@@ -1265,6 +1273,15 @@ impl EventLoop {
         self.unwatch(&entry.shared);
         Some(entry.lock)
     }
+}
+
+/// A hash of a resource name, to tell waiters apart cheaply (equal hashes are then
+/// compared in full: a collision costs a comparison, never a wrong match).
+fn key_hash(key: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
 }
 
 fn is_abandoned(call: &Call) -> bool {
