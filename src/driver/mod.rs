@@ -119,7 +119,7 @@ impl Driver {
     /// The first half of [`Driver::run`]: takes in what arrived meanwhile and writes the
     /// round's commands. Returns the instant the round started; [`Driver::finish`], with
     /// the same `round` and `req`, waits for it, on this thread or another.
-    #[inline(always)]
+    #[inline]
     pub fn begin(&mut self, round: &mut Round, req: &Request<'_>) -> Instant {
         let Driver {
             waits,
@@ -149,7 +149,7 @@ impl Driver {
     /// until it is decided or `node_timeout` has passed, and returns true; or, given
     /// `give_up`, returns false once that instant has passed with the round undecided
     /// (nothing is lost: another `finish` takes it up where this one left it).
-    #[inline(always)]
+    #[inline]
     pub fn finish(
         &mut self,
         round: &mut Round,
