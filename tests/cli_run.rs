@@ -64,6 +64,14 @@ fn after_an_extend(cluster: &common::Cluster, key: &str, ttl: Duration) -> Insta
     read_at + Duration::from_millis(pttl as u64) - drift
 }
 
+/// Waits (up to 30 s) until the command and its background child are gone (or zombies);
+/// whether they went.
+fn family_gone(child: u32, grandchild: u32) -> bool {
+    common::wait_until(Duration::from_secs(30), || {
+        gone_or_zombie(child) && gone_or_zombie(grandchild)
+    })
+}
+
 #[test]
 fn a_job_longer_than_the_ttl_keeps_its_lock() {
     let cluster = common::Cluster::start(3);
@@ -131,9 +139,7 @@ fn a_frozen_majority_stops_the_whole_group_before_the_validity_deadline() {
     }
 
     assert!(
-        common::wait_until(Duration::from_secs(30), || {
-            gone_or_zombie(child) && gone_or_zombie(grandchild)
-        }),
+        family_gone(child, grandchild),
         "the process group was not stopped"
     );
     let stopped = Instant::now();
@@ -206,9 +212,7 @@ fn a_lock_taken_away_on_a_majority_stops_the_group_sigterm_first_and_exits_70() 
     }
     // The next extend (ttl/3 = 2 s) finds the key gone on a majority.
     assert!(
-        common::wait_until(Duration::from_secs(30), || {
-            gone_or_zombie(child) && gone_or_zombie(grandchild)
-        }),
+        family_gone(child, grandchild),
         "the process group was not stopped"
     );
     let (code, err) = run.finish(Duration::from_secs(30));
@@ -252,9 +256,7 @@ fn the_watchdog_outlives_a_sigquit_to_quorumlocks_whole_group_and_kills_the_comm
     let (code, _) = run.finish(Duration::from_secs(10));
     assert_eq!(code, None, "killed by SIGQUIT");
     assert!(
-        common::wait_until(Duration::from_secs(10), || {
-            gone_or_zombie(child) && gone_or_zombie(grandchild)
-        }),
+        family_gone(child, grandchild),
         "the command or its child outlived quorumlock"
     );
 }
@@ -287,9 +289,7 @@ fn kill_9_of_quorumlock_takes_the_command_and_its_children_with_it() {
     let (code, _) = run.finish(Duration::from_secs(10));
     assert_eq!(code, None, "killed by a signal");
     assert!(
-        common::wait_until(Duration::from_secs(10), || {
-            gone_or_zombie(child) && gone_or_zombie(grandchild)
-        }),
+        family_gone(child, grandchild),
         "the command or its child outlived quorumlock"
     );
 }
@@ -335,9 +335,7 @@ fn stopped_quorumlock_stops_the_command(resource: &str, whole_group: bool) {
     };
     let deadline = after_an_extend(&cluster, resource, ttl);
     stop(libc::SIGSTOP);
-    let gone = common::wait_until(Duration::from_secs(30), || {
-        gone_or_zombie(child) && gone_or_zombie(grandchild)
-    });
+    let gone = family_gone(child, grandchild);
     let stopped = Instant::now();
     stop(libc::SIGCONT);
     assert!(
