@@ -17,6 +17,7 @@
 #
 # Usage: scripts/bench-counts.sh            (N1=2000, N2=4000, REPEAT=3)
 #        N1=500 N2=1000 REPEAT=1 scripts/bench-counts.sh
+#        COMPARE_BIN=/tmp/compare-old scripts/bench-counts.sh   (count a binary built elsewhere)
 set -euo pipefail
 
 N1=${N1:-2000}
@@ -43,10 +44,15 @@ need strace strace
 need valgrind valgrind
 need redis-server redis-server
 
-echo "building the compare bench ..." >&2
-cargo bench --bench compare --no-run >/dev/null 2>&1 || cargo bench --bench compare --no-run
-BIN=$(cargo bench --bench compare --no-run --message-format=json 2>/dev/null |
-    grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep '/compare-' | tail -n1)
+if [ -n "${COMPARE_BIN:-}" ]; then
+    # A bench binary built elsewhere (another commit, for an A/B in one machine state).
+    BIN=$COMPARE_BIN
+else
+    echo "building the compare bench ..." >&2
+    cargo bench --bench compare --no-run >/dev/null 2>&1 || cargo bench --bench compare --no-run
+    BIN=$(cargo bench --bench compare --no-run --message-format=json 2>/dev/null |
+        grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep '/compare-' | tail -n1)
+fi
 [ -x "$BIN" ] || { echo "compare bench binary not found" >&2; exit 1; }
 
 WORK=$(mktemp -d /tmp/quorumlock-counts.XXXXXX)

@@ -43,5 +43,5 @@ def load(f):
 a=load(f'/tmp/cgl.{tag}.2000.txt'); b=load(f'/tmp/cgl.{tag}.4000.txt')
 rows=[((b.get(k,0)-a.get(k,0))/2000,k) for k in set(a)|set(b)]
 rows=[r for r in rows if abs(r[0])>=3]
-for v,k in sorted(rows,reverse=True)[:70]: print(f"{v:7.1f} {k[0].split('/')[-1]:14} {k[1]}")
+for v,k in sorted(rows,reverse=True)[:int(__import__("os").environ.get("LINES_SHOWN","70"))]: print(f"{v:7.1f} {k[0].split('/')[-1]:14} {k[1]}")
 PY

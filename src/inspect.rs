@@ -33,8 +33,8 @@ const INFO_MAX: usize = 16 * 1024;
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NodeView {
-    /// The key's value (for a lock of this crate: its token, 32 lowercase hex digits);
-    /// `None` when the key does not exist.
+    /// The key's value (for a lock of this crate: its token, 32 lowercase hex digits, or
+    /// the caller's own); `None` when the key does not exist.
     pub value: Option<Vec<u8>>,
     /// The key's remaining time to live; `None` when it does not exist or has no expiry.
     pub pttl: Option<Duration>,

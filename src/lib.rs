@@ -40,7 +40,7 @@
 //!   when the holder releases.
 //! - [`Error`] and its parts ([`Failure`], [`NodeReport`], [`Outcome`], [`NodeError`],
 //!   [`ConfigError`], [`ArgumentError`], [`OsError`]): what went wrong, where.
-//! - [`Limits`], [`MAX_RESOURCE`], [`MAX_TTL`], [`INLINE_RESOURCE`]: the bounds.
+//! - [`Limits`], [`MAX_RESOURCE`], [`MAX_TTL`], [`MAX_TOKEN`], [`INLINE_RESOURCE`]: the bounds.
 //! - [`inspect`] ([`NodeView`]): what every node holds for a resource, for operators
 //!   (`quorumlock status`); off the lock path.
 //!
@@ -72,6 +72,7 @@ mod redlock;
 mod resp;
 mod shared;
 
+pub use crate::core::token::MAX_TOKEN;
 pub use config::{Builder, Endpoint, Settings};
 pub use error::{
     ArgumentError, ConfigError, Error, Failure, NodeError, NodeReport, OsError, Outcome, Phase,

@@ -79,7 +79,7 @@ impl Lock {
     pub(crate) fn duplicate(&self) -> Lock {
         Lock {
             resource: self.resource.clone(),
-            token: self.token,
+            token: self.token.clone(),
             ttl: self.ttl,
             started: self.started,
             written: self.written,
@@ -170,7 +170,13 @@ impl Lock {
     }
 
     pub(crate) fn token_value(&self) -> Token {
-        self.token
+        self.token.clone()
+    }
+
+    /// The token itself, for the items of a round on this lock.
+    #[inline]
+    pub(crate) fn token_ref(&self) -> &Token {
+        &self.token
     }
 
     /// The ttl the keys were last set with.
@@ -209,6 +215,17 @@ impl Lock {
     }
 }
 
+/// A token in `Debug` output: enough of its start to tell locks apart in logs (a
+/// quarter of it, at most 8 bytes, escaped), never the whole credential.
+struct TokenPrefix<'a>(&'a [u8]);
+
+impl fmt::Debug for TokenPrefix<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = &self.0[..(self.0.len() / 4).min(8)];
+        write!(f, "{}…", shown.escape_ascii())
+    }
+}
+
 impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock")
@@ -216,7 +233,7 @@ impl fmt::Debug for Lock {
             .field("more", &self.more.as_ref().map_or(0, |more| more.len()))
             .field("fence", &self.fence)
             // A prefix to tell locks apart in logs; the whole token is a credential.
-            .field("token", &format_args!("{}…", &self.token.to_string()[..8]))
+            .field("token", &TokenPrefix(self.token()))
             .field("ttl", &self.ttl)
             .field("remaining", &self.remaining())
             .finish()
@@ -272,8 +289,6 @@ pub struct LockParts {
 
 impl fmt::Debug for LockParts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let token = String::from_utf8_lossy(&self.token);
-        let prefix: String = token.chars().take(8).collect();
         f.debug_struct("LockParts")
             .field(
                 "resources",
@@ -283,7 +298,7 @@ impl fmt::Debug for LockParts {
                     .map(|r| crate::error::Escaped(r))
                     .collect::<Vec<_>>(),
             )
-            .field("token", &format_args!("{prefix}…"))
+            .field("token", &TokenPrefix(&self.token))
             .field("ttl", &self.ttl)
             .field("remaining", &self.remaining)
             .field("fence", &self.fence)
@@ -311,8 +326,8 @@ impl Lock {
     /// [`Lock::started`] is the moment of this call.
     ///
     /// Refused with [`Error::InvalidArgument`], and nothing made, when the parts cannot
-    /// be a lock: no resource, an empty or too long one, one named twice; a token that is
-    /// not this crate's (32 lowercase hex digits); a ttl of zero or over
+    /// be a lock: no resource, an empty or too long one, one named twice; an empty token
+    /// or one over [`MAX_TOKEN`](crate::MAX_TOKEN) bytes; a ttl of zero or over
     /// [`MAX_TTL`](crate::MAX_TTL); `remaining` over the ttl (a clock or transit
     /// mistake); a fence of 0 (fences start at 1).
     pub fn from_parts(parts: LockParts) -> Result<Lock, Error> {
@@ -336,11 +351,11 @@ impl Lock {
                 ));
             }
         }
-        let token = Token::from_hex(&parts.token).ok_or_else(|| {
+        let token = Token::given(&parts.token).map_err(|problem| {
             bad(
                 "token",
                 format!("{} bytes", parts.token.len()),
-                "not a token of this crate (32 lowercase hex digits)",
+                &problem.to_string(),
             )
         })?;
         crate::redlock::ttl_millis(parts.ttl)?;

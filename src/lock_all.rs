@@ -75,7 +75,7 @@ impl Redlock {
             .iter()
             .map(|r| Item {
                 key: r.as_ref(),
-                token,
+                token: &token,
             })
             .collect();
         let req = Request {
@@ -87,7 +87,8 @@ impl Redlock {
         if let Some(end) = self.won_until(0, Some(safe), start) {
             let written = self.driver.written();
             let more = items[1..].iter().map(|item| item.key.into()).collect();
-            let lock = Lock::new(items[0].key, token, whole, start, end, written).with_more(more);
+            let lock =
+                Lock::new(items[0].key, token.clone(), whole, start, end, written).with_more(more);
             if self.settings.fencing {
                 return self.fence_lock(lock, &items, true, start, attempt);
             }
@@ -165,7 +166,7 @@ impl<'a> Deref for LockItems<'a> {
 /// The items of `lock`, with its token.
 #[inline]
 pub(crate) fn lock_items(lock: &Lock) -> LockItems<'_> {
-    let token = lock.token_value();
+    let token = lock.token_ref();
     if lock.is_multi() {
         LockItems::All(lock.resources().map(|key| Item { key, token }).collect())
     } else {

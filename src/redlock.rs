@@ -98,7 +98,58 @@ impl Redlock {
     /// bytes, are [`Error::InvalidArgument`], with nothing sent.
     pub fn lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         let resource = resource.as_ref();
-        self.retrying(|rl, attempt| rl.attempt(resource, ttl, attempt))
+        self.retrying(|rl, attempt| rl.attempt(resource, ttl, attempt, None))
+    }
+
+    /// [`Redlock::lock`] with a value the caller chose instead of a random token (a
+    /// system that names its holders, as redsync's `WithValue`): 1 to [`MAX_TOKEN`]
+    /// bytes, any bytes; anything else is [`Error::InvalidArgument`], with nothing sent.
+    /// The lock's [`Lock::token`] is that value; extend and unlock compare against it.
+    ///
+    /// The value must be unique per acquisition, as the crate's own tokens are (128
+    /// random bits): whoever knows it can extend and release the lock, and a holder that
+    /// reuses it for a later lock of the same resource can have that lock released by a
+    /// late unlock of the earlier one. Every retry of this call uses the same value; the
+    /// cleanup of a failed attempt reaches each node ahead of the next attempt on the same
+    /// connection, in order.
+    ///
+    /// [`MAX_TOKEN`]: crate::MAX_TOKEN
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use quorumlock::Redlock;
+    /// use std::time::Duration;
+    ///
+    /// let mut rl = Redlock::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .build()?;
+    /// let lock = rl.lock_with_token("orders:42", Duration::from_secs(10), "host-3:pid-812:job-42")?;
+    /// assert_eq!(lock.token(), b"host-3:pid-812:job-42");
+    /// rl.unlock(&lock)?;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    pub fn lock_with_token(
+        &mut self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        token: impl AsRef<[u8]>,
+    ) -> Result<Lock, Error> {
+        let resource = resource.as_ref();
+        let token = given_token(token.as_ref())?;
+        self.retrying(|rl, attempt| rl.attempt(resource, ttl, attempt, Some(&token)))
+    }
+
+    /// [`Redlock::try_lock`] with a value the caller chose: one attempt, the token rules
+    /// of [`Redlock::lock_with_token`].
+    pub fn try_lock_with_token(
+        &mut self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        token: impl AsRef<[u8]>,
+    ) -> Result<Lock, Error> {
+        let token = given_token(token.as_ref())?;
+        self.attempt(resource.as_ref(), ttl, 1, Some(&token))
     }
 
     /// Runs `attempt` (numbered from 1) until it succeeds, fails with an error a retry
@@ -132,10 +183,17 @@ impl Redlock {
     /// `node_timeout / 8`), so that a caller retrying at once does not take back the keys
     /// it has just freed before other clients can take them.
     pub fn try_lock(&mut self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
-        self.attempt(resource.as_ref(), ttl, 1)
+        self.attempt(resource.as_ref(), ttl, 1, None)
     }
 
-    fn attempt(&mut self, resource: &[u8], ttl: Duration, attempt: u32) -> Result<Lock, Error> {
+    /// One attempt, with the caller's token if `given`, else a new one.
+    fn attempt(
+        &mut self,
+        resource: &[u8],
+        ttl: Duration,
+        attempt: u32,
+        given: Option<&Token>,
+    ) -> Result<Lock, Error> {
         let ttl_ms = ttl_millis(ttl)?;
         self.check_key(resource)?;
         let whole_ms = Duration::from_millis(ttl_ms);
@@ -148,9 +206,13 @@ impl Redlock {
         if self.settings.fencing {
             self.check_fenced_ttl(whole_ms)?;
         }
+        let token = match given {
+            None => self.next_token()?,
+            Some(token) => token.clone(),
+        };
         let items = [Item {
             key: resource,
-            token: self.next_token()?,
+            token: &token,
         }];
         let req = Request {
             fencing: self.fencing(),
@@ -160,11 +222,12 @@ impl Redlock {
         if let Some(end) = self.won_until(0, Some(safe), start) {
             // Built in place: a lock is 150 bytes, not worth a copy on the hot path.
             let written = self.driver.written();
-            let lock = Lock::new(resource, items[0].token, whole_ms, start, end, written);
             if self.settings.fencing {
+                let lock = Lock::new(resource, token.clone(), whole_ms, start, end, written);
                 return self.fence_lock(lock, &items, false, start, attempt);
             }
-            return Ok(lock);
+            // The token moves into the lock: the round is over with it.
+            return Ok(Lock::new(resource, token, whole_ms, start, end, written));
         }
         let error = self.acquire_error(resource, 0, start, attempt);
         self.lost.clear();
@@ -238,7 +301,7 @@ impl Redlock {
         match self.won_until(slot, safe, start) {
             Some(end) => Ok(Lock::new(
                 item.key,
-                item.token,
+                item.token.clone(),
                 ttl,
                 start,
                 end,
@@ -431,19 +494,26 @@ impl Redlock {
             results.extend(resources.iter().map(|_| Err(e.clone())));
             return;
         }
-        let mut items: Vec<Item<'_>> = Vec::with_capacity(resources.len());
-        for key in resources.iter().map(AsRef::as_ref) {
-            if self.check_key(key).is_err() {
-                continue;
-            }
+        let keys: Vec<&[u8]> = resources
+            .iter()
+            .map(AsRef::as_ref)
+            .filter(|key| self.check_key(key).is_ok())
+            .collect();
+        let mut tokens = Vec::with_capacity(keys.len());
+        for _ in &keys {
             match self.next_token() {
-                Ok(token) => items.push(Item { key, token }),
+                Ok(token) => tokens.push(token),
                 Err(e) => {
                     results.extend(resources.iter().map(|_| Err(e.clone())));
                     return;
                 }
             }
         }
+        let items: Vec<Item<'_>> = keys
+            .iter()
+            .zip(&tokens)
+            .map(|(&key, token)| Item { key, token })
+            .collect();
         let start = if items.is_empty() {
             Instant::now()
         } else {
@@ -500,7 +570,7 @@ impl Redlock {
                 .iter()
                 .map(|l| Item {
                     key: l.resource(),
-                    token: l.token_value(),
+                    token: l.token_ref(),
                 })
                 .collect();
             let chase = batch.iter().fold(0, |mask, l| mask | l.written());
@@ -596,6 +666,18 @@ pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 /// A resource name is one to `MAX_RESOURCE` bytes. An empty name is refused: it is almost
 /// always an unset variable, and every such caller would contend for the same key.
 #[inline]
+/// A caller's token ([`Redlock::lock_with_token`]), or why it cannot be one.
+pub(crate) fn given_token(bytes: &[u8]) -> Result<Token, Error> {
+    Token::given(bytes).map_err(|problem| {
+        // The length only: the value is a credential.
+        Error::InvalidArgument(ArgumentError::new(
+            "token",
+            format!("{} bytes", bytes.len()),
+            problem.to_string(),
+        ))
+    })
+}
+
 pub(crate) fn check_resource(resource: &[u8]) -> Result<(), Error> {
     if resource.is_empty() || resource.len() > MAX_RESOURCE {
         return Err(bad_resource(resource.len()));

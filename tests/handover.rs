@@ -175,6 +175,14 @@ fn parts_that_cannot_be_a_lock_are_refused() {
         fence: None,
     };
     assert!(Lock::from_parts(good.clone()).is_ok());
+    // A caller's own token (`lock_with_token`) travels too, whatever its length.
+    for token in [&b"w"[..], b"worker-7", &[0xff; 128]] {
+        let parts = LockParts {
+            token: token.to_vec(),
+            ..good.clone()
+        };
+        assert_eq!(Lock::from_parts(parts).unwrap().token(), token);
+    }
     let cases: Vec<(&str, LockParts)> = vec![
         (
             "resources",
@@ -200,14 +208,14 @@ fn parts_that_cannot_be_a_lock_are_refused() {
         (
             "token",
             LockParts {
-                token: b"0123".to_vec(),
+                token: vec![],
                 ..good.clone()
             },
         ),
         (
             "token",
             LockParts {
-                token: b"0123456789ABCDEF0123456789ABCDEF".to_vec(),
+                token: vec![b'x'; quorumlock::MAX_TOKEN + 1],
                 ..good.clone()
             },
         ),

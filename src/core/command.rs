@@ -164,16 +164,21 @@ impl Command {
     }
 
     /// The encoded length for a key of `key_len` bytes, whose length has `key_digits`
-    /// decimal digits.
+    /// decimal digits, and `token`.
     #[inline]
-    fn len(&self, key_len: usize, key_digits: usize) -> usize {
-        self.fixed + key_digits + key_len
+    fn len(&self, key_len: usize, key_digits: usize, token: TokenBytes<'_>) -> usize {
+        let base = self.fixed + key_digits + key_len;
+        match token {
+            TokenBytes::Inline(_) => base,
+            // `fixed` counts a 32-byte token and its 2-digit length.
+            TokenBytes::Given(t) => base + t.len() + digits(t.len() as u64) - 34,
+        }
     }
 
     /// Writes the command for `key` (whose length has `key_digits` digits) and `token`
     /// at the start of `dst`, which holds at least its length plus [`TAIL_ROOM`].
     #[inline(always)]
-    fn write(&self, dst: &mut [u8], key: &[u8], key_digits: usize, token: &Token) {
+    fn write(&self, dst: &mut [u8], key: &[u8], key_digits: usize, token: TokenBytes<'_>) {
         let mut w = Writer { dst, at: 0 };
         // One constant-size copy per operation (the `match` keeps each one's size known).
         match (self.phase, self.by_sha) {
@@ -186,8 +191,13 @@ impl Command {
         w.decimal(key.len() as u64, key_digits);
         w.put(b"\r\n");
         w.put(key);
-        w.put(KEY_END_TOKEN_HEAD);
-        w.put(token.as_array());
+        match token {
+            TokenBytes::Inline(inline) => {
+                w.put(KEY_END_TOKEN_HEAD);
+                w.put(inline);
+            }
+            TokenBytes::Given(given) => w.given_token(given),
+        }
         // The whole room, at its fixed size: past `tail.len` it is slack (see the
         // module's invariants).
         w.put(&self.tail.bytes);
@@ -264,9 +274,10 @@ pub fn extend(out: &mut Vec<u8>, key: &[u8], token: &Token, ttl_ms: u64, by_sha:
 /// assert_eq!(a, b);
 /// ```
 pub fn encode(out: &mut Vec<u8>, cmd: Command, key: &[u8], token: &Token) {
+    let token = TokenBytes::of(token);
     let start = out.len();
     let key_digits = digits(key.len() as u64);
-    let len = cmd.len(key.len(), key_digits);
+    let len = cmd.len(key.len(), key_digits, token);
     out.resize(start + len + TAIL_ROOM, 0);
     cmd.write(&mut out[start..], key, key_digits, token);
     out.truncate(start + len);
@@ -309,8 +320,25 @@ impl Frame {
     /// Appends one command.
     #[inline]
     pub fn push(&mut self, cmd: Command, key: &[u8], token: &Token) {
+        match token.as_array() {
+            // Matched here, once, so that the length and the bytes of the common case are
+            // computed without looking at the token's kind again.
+            Some(inline) => self.push_with(cmd, key, TokenBytes::Inline(inline)),
+            None => self.push_given(cmd, key, token.as_bytes()),
+        }
+    }
+
+    /// [`Frame::push`] for a caller's token of a length other than 32.
+    #[cold]
+    #[inline(never)]
+    fn push_given(&mut self, cmd: Command, key: &[u8], token: &[u8]) {
+        self.push_with(cmd, key, TokenBytes::Given(token));
+    }
+
+    #[inline(always)]
+    fn push_with(&mut self, cmd: Command, key: &[u8], token: TokenBytes<'_>) {
         let key_digits = digits(key.len() as u64);
-        let end = self.len + cmd.len(key.len(), key_digits);
+        let end = self.len + cmd.len(key.len(), key_digits, token);
         // The command, and the slack its tail is written with.
         if end + TAIL_ROOM > self.buf.len() {
             // Grows only past the largest frame yet: steady state never gets here.
@@ -434,6 +462,24 @@ pub fn eval_over<'k>(
     }
 }
 
+/// A token's bytes as the encoder writes them: 32 bytes at a constant size, or a caller's
+/// token of another length.
+#[derive(Clone, Copy)]
+enum TokenBytes<'a> {
+    Inline(&'a [u8; 32]),
+    Given(&'a [u8]),
+}
+
+impl<'a> TokenBytes<'a> {
+    #[inline]
+    fn of(token: &'a Token) -> TokenBytes<'a> {
+        match token.as_array() {
+            Some(inline) => TokenBytes::Inline(inline),
+            None => TokenBytes::Given(token.as_bytes()),
+        }
+    }
+}
+
 /// `SET`'s head and the `$` of the key's length.
 const SET_HEAD_KEY: &[u8; 14] = b"*6\r\n$3\r\nSET\r\n$";
 /// After the token of a `SET`: its CRLF, `NX`, `PX` and the `$` of the ttl's length.
@@ -551,6 +597,17 @@ impl Writer<'_> {
         self.at = end;
     }
 
+    /// The key's CRLF, then a token of any length as a bulk string (a caller's own
+    /// token: the crate's are 32 bytes, written by the constant-size path).
+    #[cold]
+    fn given_token(&mut self, token: &[u8]) {
+        self.put(b"\r\n$");
+        let n = token.len() as u64;
+        self.decimal(n, digits(n));
+        self.put(b"\r\n");
+        self.put(token);
+    }
+
     /// Writes `v`, which has `n` digits (from [`digits`]: exactly, or the output is
     /// wrong), straight into place, two digits per division.
     #[inline(always)]
@@ -629,6 +686,7 @@ pub fn evalsha_to_eval(out: &mut Vec<u8>, cmd: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::token::MAX_TOKEN;
     use crate::resp::encode::command;
 
     /// Random keys (every length from 0 to 300, then a few large ones) and ttls of every
@@ -642,7 +700,15 @@ mod tests {
         lengths.extend([999, 1000, 9_999, 10_000, 65_535, 65_536]);
         for (round, len) in lengths.into_iter().enumerate() {
             let key: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
-            let token = Token::from_bits(rng.u128(..));
+            // Every third command carries a caller's token of any allowed length (32
+            // included: it takes the constant-size path), any bytes.
+            let token = if round % 3 == 0 {
+                let len = 1 + (round / 3) % MAX_TOKEN;
+                let given: Vec<u8> = (0..len).map(|_| rng.u8(..)).collect();
+                Token::given(&given).unwrap()
+            } else {
+                Token::from_bits(rng.u128(..))
+            };
             let digits = 1 + round % 20;
             let ttl = if digits == 20 {
                 rng.u64(10u64.pow(19)..)

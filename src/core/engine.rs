@@ -83,8 +83,9 @@ pub enum Received {
 pub struct Item<'a> {
     /// The key.
     pub key: &'a [u8],
-    /// The lock's token.
-    pub token: Token,
+    /// The lock's token, borrowed from whoever keeps it (the lock, or the attempt): a
+    /// round copies no token.
+    pub token: &'a Token,
 }
 
 /// What a round sends.
@@ -525,7 +526,7 @@ impl Engine {
             // script itself. Extends use its digest once a connection has shown it cached.
             Some(cmd) if matches!(kind, Expected::Command(_)) => {
                 for item in req.items {
-                    frame.push(cmd, item.key, &item.token);
+                    frame.push(cmd, item.key, item.token);
                 }
             }
             _ => encode_scripts(frame, req),
@@ -819,7 +820,7 @@ impl Engine {
                     &mut self.extra,
                     Command::release(false),
                     item.key,
-                    &item.token,
+                    item.token,
                 );
             }
         } else {
@@ -1194,7 +1195,7 @@ impl Engine {
                         else {
                             return true;
                         };
-                        command::encode(&mut self.extra, cmd, item.key, &item.token);
+                        command::encode(&mut self.extra, cmd, item.key, item.token);
                     }
                     // The round was decided before this node answered NOSCRIPT; it still
                     // gets the script (its vote no longer counts), so that every node the
@@ -1321,7 +1322,7 @@ impl Engine {
                 &mut self.extra,
                 Command::release(false),
                 item.key,
-                &item.token,
+                item.token,
             );
         }
         self.lost_keys.sort_unstable();
@@ -1458,7 +1459,7 @@ fn command_for<'a>(
     };
     extra.clear();
     for item in req.items {
-        command::encode(extra, cmd, item.key, &item.token);
+        command::encode(extra, cmd, item.key, item.token);
     }
     extra
 }
@@ -1620,7 +1621,8 @@ mod tests {
                 round: Round::default(),
                 items: [Item {
                     key,
-                    token: Token::from_bits(token),
+                    // A few per test: leaked so that the attempt owns its items.
+                    token: Box::leak(Box::new(Token::from_bits(token))),
                 }],
             }
         }

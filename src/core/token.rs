@@ -1,7 +1,13 @@
-//! Lock values: 128 random bits, as 32 lowercase hex digits, stored inline.
+//! Lock values: 128 random bits, as 32 lowercase hex digits, stored inline; or a value
+//! the caller chose ([`Token::given`]).
 //!
 //! # Invariants
 //!
+//! - A token of 32 bytes is always stored inline (`Repr::Inline`), whoever made it; any
+//!   other length lives behind an `Arc` (`Repr::Shared`). One representation per value,
+//!   so equality and hashing compare bytes, and the encoders' constant-size fast path
+//!   serves every 32-byte token.
+//! - A token is 1 to [`MAX_TOKEN`] bytes.
 //! - Every token is 128 bits straight from the OS CSPRNG (`/dev/urandom`), read in
 //!   blocks: a token is a credential, so no non-cryptographic generator and no
 //!   time- or pid-based fallback ever makes one.
@@ -11,18 +17,54 @@
 
 use std::fmt;
 use std::io::{self, Read};
+use std::sync::Arc;
+
+/// The longest token a caller may give ([`Token::given`]), in bytes: every command that
+/// carries a token stays bounded.
+pub const MAX_TOKEN: usize = 128;
 
 /// One lock value: unique per lock request, what release and extend compare against.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Token([u8; 32]);
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Token(Repr);
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Repr {
+    /// Every 32-byte token: the crate's own, and a given one of that length.
+    Inline([u8; 32]),
+    /// A given token of any other length (1 to [`MAX_TOKEN`] bytes).
+    Shared(Arc<[u8]>),
+}
+
+/// Why bytes cannot be a token ([`Token::given`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenProblem {
+    /// No bytes: an empty value would match any other empty value.
+    Empty,
+    /// Longer than [`MAX_TOKEN`] bytes.
+    TooLong,
+}
+
+impl fmt::Display for TokenProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokenProblem::Empty => f.write_str("empty: a lock value must name its holder"),
+            TokenProblem::TooLong => write!(f, "longer than {MAX_TOKEN} bytes"),
+        }
+    }
+}
 
 impl Token {
     /// The token as it is stored in Redis.
+    #[inline]
     pub fn as_bytes(&self) -> &[u8] {
-        &self.0
+        match &self.0 {
+            Repr::Inline(bytes) => bytes,
+            Repr::Shared(bytes) => bytes,
+        }
     }
 
-    /// The token as a fixed-size array (lets encoders copy it with constant-size moves).
+    /// The token as a fixed-size array when it is 32 bytes long, as every token this
+    /// crate makes is (lets encoders copy it with constant-size moves).
     ///
     /// # Example
     ///
@@ -30,10 +72,38 @@ impl Token {
     /// use quorumlock::__private::core::token::Token;
     ///
     /// let token = Token::from_bits(u128::MAX);
-    /// assert_eq!(token.as_array(), &[b'f'; 32]);
+    /// assert_eq!(token.as_array(), Some(&[b'f'; 32]));
+    /// assert_eq!(Token::given(b"worker-7").unwrap().as_array(), None);
     /// ```
-    pub fn as_array(&self) -> &[u8; 32] {
-        &self.0
+    #[inline]
+    pub fn as_array(&self) -> Option<&[u8; 32]> {
+        match &self.0 {
+            Repr::Inline(bytes) => Some(bytes),
+            Repr::Shared(_) => None,
+        }
+    }
+
+    /// A token the caller chose (a system that names its holders): any 1 to
+    /// [`MAX_TOKEN`] bytes. Its uniqueness is the caller's to keep: two holders with
+    /// one value can extend and release each other's locks.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use quorumlock::__private::core::token::{Token, TokenProblem};
+    ///
+    /// let t = Token::given(b"host-3:pid-812:job-42").unwrap();
+    /// assert_eq!(t.as_bytes(), b"host-3:pid-812:job-42");
+    /// assert_eq!(Token::given(b""), Err(TokenProblem::Empty));
+    /// assert_eq!(Token::given(&[b'x'; 129]), Err(TokenProblem::TooLong));
+    /// ```
+    pub fn given(bytes: &[u8]) -> Result<Token, TokenProblem> {
+        match bytes.len() {
+            0 => Err(TokenProblem::Empty),
+            32 => Ok(Token(Repr::Inline(bytes.try_into().unwrap_or([0; 32])))),
+            n if n > MAX_TOKEN => Err(TokenProblem::TooLong),
+            _ => Ok(Token(Repr::Shared(bytes.into()))),
+        }
     }
 
     /// Builds a token from 128 bits (for tests and callers with their own entropy).
@@ -50,27 +120,7 @@ impl Token {
         let mut out = [0u8; 32];
         out[..16].copy_from_slice(&hex16((bits >> 64) as u64));
         out[16..].copy_from_slice(&hex16(bits as u64));
-        Token(out)
-    }
-
-    /// The token of `bytes` if they are one as this crate makes them: 32 lowercase hex
-    /// digits (a lock handed over from another process, see `Lock::from_parts`).
-    ///
-    /// # Example
-    ///
-    /// ```
-    /// use quorumlock::__private::core::token::Token;
-    ///
-    /// let t = Token::from_bits(0xab);
-    /// assert_eq!(Token::from_hex(t.as_bytes()), Some(t));
-    /// assert_eq!(Token::from_hex(b"not a token"), None);
-    /// ```
-    pub fn from_hex(bytes: &[u8]) -> Option<Token> {
-        let digits: &[u8; 32] = bytes.try_into().ok()?;
-        digits
-            .iter()
-            .all(|&b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-            .then_some(Token(*digits))
+        Token(Repr::Inline(out))
     }
 }
 
@@ -94,8 +144,12 @@ fn hex16(v: u64) -> [u8; 16] {
 
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Always ASCII hex by construction.
-        f.write_str(std::str::from_utf8(&self.0).unwrap_or("<token>"))
+        // The whole value, bytes that are not printable ASCII escaped (a given token may
+        // be any bytes). Only tests and `Display` show it: a lock's `Debug` shows a prefix.
+        for &b in self.as_bytes() {
+            write!(f, "{}", std::ascii::escape_default(b))?;
+        }
+        Ok(())
     }
 }
 

@@ -71,6 +71,9 @@ pub(crate) struct Request {
     pub op: Op,
     /// The resource of `Lock` and `Lease`; kept with its capacity between uses.
     pub key: Vec<u8>,
+    /// The caller's own token for `Lock` (`lock_with_token`); `None`: a new one per
+    /// attempt.
+    pub token: Option<crate::core::token::Token>,
     /// The resources of `LockAll`.
     pub keys: Vec<Box<[u8]>>,
     pub ttl: Duration,
@@ -102,6 +105,7 @@ impl Call {
             request: Mutex::new(Request {
                 op: Op::Unlock,
                 key: Vec::new(),
+                token: None,
                 keys: Vec::new(),
                 ttl: Duration::ZERO,
                 lock: None,

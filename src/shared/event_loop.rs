@@ -764,25 +764,32 @@ impl EventLoop {
         self.keys.clear();
         self.spans.clear();
         self.tokens.clear();
+        let mut drawn = Ok(());
         for a in self.batch.iter_mut() {
             a.made += 1;
             let r = a.call.lock();
             self.spans.push((self.keys.len(), r.key.len()));
             self.keys.extend_from_slice(&r.key);
-        }
-        for _ in 0..self.batch.len() {
-            match self.rl.next_token() {
+            let token = match &r.token {
+                Some(given) => Ok(given.clone()),
+                None => self.rl.next_token(),
+            };
+            match token {
                 Ok(t) => self.tokens.push(t),
                 Err(e) => {
-                    let mut batch = std::mem::take(&mut self.batch);
-                    for a in batch.drain(..) {
-                        self.unsubscribe(&a);
-                        self.answer_acquire(a.call, Err(e.clone()));
-                    }
-                    self.batch = batch;
-                    return None;
+                    drawn = Err(e);
+                    break;
                 }
             }
+        }
+        if let Err(e) = drawn {
+            let mut batch = std::mem::take(&mut self.batch);
+            for a in batch.drain(..) {
+                self.unsubscribe(&a);
+                self.answer_acquire(a.call, Err(e.clone()));
+            }
+            self.batch = batch;
+            return None;
         }
         let items = items_of(&mut self.items, &self.keys, &self.spans, &self.tokens);
         let req = Request {
@@ -821,7 +828,14 @@ impl EventLoop {
         self.settled.clear();
         for (slot, (item, a)) in items.iter().zip(self.batch.iter()).enumerate() {
             let result = match rl.won_until(slot, safe, start) {
-                Some(end) => Ok(Lock::new(item.key, item.token, whole, start, end, written)),
+                Some(end) => Ok(Lock::new(
+                    item.key,
+                    item.token.clone(),
+                    whole,
+                    start,
+                    end,
+                    written,
+                )),
                 None => {
                     rl.lost.push(slot);
                     Err(rl.acquire_error(item.key, slot, start, a.made))
@@ -1098,7 +1112,7 @@ impl EventLoop {
             let lock = &self.leases[i].lock;
             Item {
                 key: lock.resource(),
-                token: lock.token_value(),
+                token: lock.token_ref(),
             }
         }));
         let rl = &mut self.rl;
@@ -1348,10 +1362,10 @@ fn items_of<'k>(
     items: &mut Vec<Item<'static>>,
     keys: &'k [u8],
     spans: &[(usize, usize)],
-    tokens: &[crate::core::token::Token],
+    tokens: &'k [crate::core::token::Token],
 ) -> Vec<Item<'k>> {
     let mut out = reborrow(std::mem::take(items));
-    out.extend(spans.iter().zip(tokens).map(|(&(at, len), &token)| Item {
+    out.extend(spans.iter().zip(tokens).map(|(&(at, len), token)| Item {
         key: &keys[at..at + len],
         token,
     }));

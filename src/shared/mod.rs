@@ -38,9 +38,10 @@ pub(crate) mod lease;
 mod notices;
 
 use crate::config::Settings;
+use crate::core::token::Token;
 use crate::error::{Error, OsError};
 use crate::lock::Lock;
-use crate::redlock::ttl_millis;
+use crate::redlock::{given_token, ttl_millis};
 use call::{Call, Done, Op};
 use lease::LeaseShared;
 use std::cell::RefCell;
@@ -413,6 +414,64 @@ impl SharedRedlock {
         locked(self.blocking(|r| fill_lock(r, resource, ttl, 1, None)))
     }
 
+    /// [`SharedRedlock::lock`] with a value the caller chose instead of a random token;
+    /// the rules and caveats of [`Redlock::lock_with_token`].
+    ///
+    /// [`Redlock::lock_with_token`]: crate::Redlock::lock_with_token
+    pub async fn lock_with_token(
+        &self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        token: impl AsRef<[u8]>,
+    ) -> Result<Lock, Error> {
+        let attempts = self.settings().retry_count.saturating_add(1);
+        let (resource, token) = (resource.as_ref(), given_token(token.as_ref())?);
+        locked(
+            self.run(|r| fill_lock_as(r, resource, ttl, attempts, &token))
+                .await,
+        )
+    }
+
+    /// [`SharedRedlock::lock_with_token`], blocking the calling thread.
+    pub fn blocking_lock_with_token(
+        &self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        token: impl AsRef<[u8]>,
+    ) -> Result<Lock, Error> {
+        let attempts = self.settings().retry_count.saturating_add(1);
+        let (resource, token) = (resource.as_ref(), given_token(token.as_ref())?);
+        locked(self.blocking(|r| fill_lock_as(r, resource, ttl, attempts, &token)))
+    }
+
+    /// [`SharedRedlock::try_lock`] with a value the caller chose: one attempt, the token
+    /// rules of [`Redlock::lock_with_token`].
+    ///
+    /// [`Redlock::lock_with_token`]: crate::Redlock::lock_with_token
+    pub async fn try_lock_with_token(
+        &self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        token: impl AsRef<[u8]>,
+    ) -> Result<Lock, Error> {
+        let (resource, token) = (resource.as_ref(), given_token(token.as_ref())?);
+        locked(
+            self.run(|r| fill_lock_as(r, resource, ttl, 1, &token))
+                .await,
+        )
+    }
+
+    /// [`SharedRedlock::try_lock_with_token`], blocking the calling thread.
+    pub fn blocking_try_lock_with_token(
+        &self,
+        resource: impl AsRef<[u8]>,
+        ttl: Duration,
+        token: impl AsRef<[u8]>,
+    ) -> Result<Lock, Error> {
+        let (resource, token) = (resource.as_ref(), given_token(token.as_ref())?);
+        locked(self.blocking(|r| fill_lock_as(r, resource, ttl, 1, &token)))
+    }
+
     /// Acquires `resource` for `ttl`, trying until `wait` has passed: at once, then again
     /// whenever the holder releases it (the release notice wakes the attempt) and
     /// otherwise every `retry_delay ± retry_jitter`. No attempt starts after `wait`; a
@@ -668,7 +727,13 @@ fn fill_lock(
     r.op = Op::Lock { attempts, until };
     r.key.clear();
     r.key.extend_from_slice(key);
+    r.token = None;
     r.ttl = ttl;
+}
+
+fn fill_lock_as(r: &mut call::Request, key: &[u8], ttl: Duration, attempts: u32, token: &Token) {
+    fill_lock(r, key, ttl, attempts, None);
+    r.token = Some(token.clone());
 }
 
 fn fill_lease(

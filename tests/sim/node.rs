@@ -2263,7 +2263,7 @@ mod tests {
             send(&mut n, &|o| acquire(o, b"res", &theirs, 500), 0),
             b"$-1\r\n"
         );
-        assert_eq!(n.value(0, b"res", 0), Some(&mine.as_array()[..]));
+        assert_eq!(n.value(0, b"res", 0), Some(mine.as_bytes()));
         assert_eq!(
             send(&mut n, &|o| release(o, b"res", &theirs, true), 0),
             NOSCRIPT

@@ -493,7 +493,8 @@ struct Client {
     round: Round,
     tokens: TokenSource,
     rng: fastrand::Rng,
-    items: [Item<'static>; 1],
+    /// The token of the current round's one item (the resource is `res`).
+    token: Token,
     res: usize,
     phase: Phase,
     /// What the current round does with fence counters.
@@ -524,7 +525,8 @@ impl Client {
             engine,
             transport,
             round,
-            items,
+            token,
+            res,
             phase,
             ttl_ms,
             chase,
@@ -533,6 +535,10 @@ impl Client {
             ..
         } = self;
         if matches!(stage, Stage::Round { .. }) && !round.is_done() {
+            let items = [Item {
+                key: RESOURCES[*res],
+                token,
+            }];
             let req = Request {
                 fencing: *fencing,
                 ..Request::new(*phase, *ttl_ms, &items[..], *chase)
@@ -551,7 +557,8 @@ impl Client {
             engine,
             transport,
             round,
-            items,
+            token,
+            res,
             phase,
             ttl_ms,
             chase,
@@ -562,6 +569,10 @@ impl Client {
         if !matches!(stage, Stage::Round { .. }) || round.is_done() {
             return;
         }
+        let items = [Item {
+            key: RESOURCES[*res],
+            token,
+        }];
         let req = Request {
             fencing: *fencing,
             ..Request::new(*phase, *ttl_ms, &items[..], *chase)
@@ -582,10 +593,7 @@ impl Client {
             (Phase::Release, _, _, Some(fence)) => Fencing::Write(fence),
             _ => Fencing::Off,
         };
-        self.items = [Item {
-            key: RESOURCES[self.res],
-            token,
-        }];
+        self.token = token;
         self.round_closes.clone_from(&self.transport.closes);
         self.round_sent.clear();
         self.round_sent
@@ -595,11 +603,16 @@ impl Client {
             engine,
             transport,
             round,
-            items,
+            token,
+            res,
             ttl_ms,
             fencing,
             ..
         } = self;
+        let items = [Item {
+            key: RESOURCES[*res],
+            token,
+        }];
         let req = Request {
             fencing: *fencing,
             ..Request::new(phase, *ttl_ms, &items[..], chase)
@@ -815,10 +828,7 @@ impl World {
                     round: Round::default(),
                     tokens: TokenSource::from_seed(rng.u64(..), rng.u64(..)),
                     rng: fastrand::Rng::with_seed(rng.u64(..) ^ ci as u64),
-                    items: [Item {
-                        key: RESOURCES[0],
-                        token: Token::from_bits(0),
-                    }],
+                    token: Token::from_bits(0),
                     res: 0,
                     phase: Phase::Acquire,
                     fencing: Fencing::Off,
@@ -1252,7 +1262,7 @@ impl World {
         let valid = c.transport.instant() < lock.deadline;
         match c.rng.u8(0..12) {
             0..=3 if valid && !lock.extended => {
-                let token = lock.token;
+                let token = lock.token.clone();
                 c.begin(Phase::Extend, token, 0, nt);
                 return;
             }
@@ -1277,16 +1287,20 @@ impl World {
         let lock = c.lock.as_ref().expect("unlock without a lock");
         let h = &mut self.holds[lock.hold];
         h.valid_until = h.valid_until.min(now);
-        let (token, written) = (lock.token, lock.written);
+        let (token, written) = (lock.token.clone(), lock.written);
         c.begin(Phase::Release, token, written, nt);
     }
 
     /// Owes `node`s in `mask` the compare-and-delete of the current item.
     fn owe(&mut self, ci: usize, mask: u64, closes: &[u32]) {
         let c = &self.clients[ci];
-        let item = c.items[0];
         let mut release = Vec::new();
-        encode(&mut release, Command::release(false), item.key, &item.token);
+        encode(
+            &mut release,
+            Command::release(false),
+            RESOURCES[c.res],
+            &c.token,
+        );
         for (node, &closes) in closes.iter().enumerate() {
             if chases(mask, node) {
                 self.owed.push(Owed {
@@ -1306,7 +1320,7 @@ impl World {
         let seed = self.seed;
         let c = &self.clients[ci];
         let n = self.nodes.len();
-        let token = tag(c.items[0].token.as_bytes());
+        let token = tag(c.token.as_bytes());
         let yes: Vec<usize> = (0..n)
             .filter(|&node| c.round.vote(node, 0) == Some(Outcome::Locked))
             .collect();
@@ -1380,7 +1394,7 @@ impl World {
                         valid_until,
                     });
                     c.lock = Some(Held {
-                        token: c.items[0].token,
+                        token: c.token.clone(),
                         deadline: end,
                         written: c.engine.written(),
                         hold: self.holds.len() - 1,
@@ -1397,7 +1411,7 @@ impl World {
                             panic!("seed {seed}: a fenced acquire won without a counter")
                         });
                         c.fence = Some((counter + 1, now));
-                        let token = c.items[0].token;
+                        let token = c.token.clone();
                         c.begin(Phase::Fence, token, 0, self.node_timeout);
                         return;
                     }
@@ -1417,9 +1431,14 @@ impl World {
                 let Client {
                     engine,
                     transport,
-                    items,
+                    token,
+                    res,
                     ..
                 } = c;
+                let items = [Item {
+                    key: RESOURCES[*res],
+                    token,
+                }];
                 engine.release_lost(transport, &items[..], &[0]);
                 if c.attempt >= MAX_ATTEMPTS {
                     c.attempt = 0;
@@ -1473,7 +1492,10 @@ impl World {
                 let chase = c.chase;
                 self.stats.unlocks += 1;
                 // Owed from where the stream stood when the unlock began.
-                let item = c.items[0];
+                let item = Item {
+                    key: RESOURCES[c.res],
+                    token: &c.token,
+                };
                 let mut release = Vec::new();
                 match lock.fence {
                     Some(fence) => eval_over(
@@ -1483,7 +1505,7 @@ impl World {
                         KeyList::Both,
                         &[Arg::Bytes(item.token.as_bytes()), Arg::Int(fence)],
                     ),
-                    None => encode(&mut release, Command::release(false), item.key, &item.token),
+                    None => encode(&mut release, Command::release(false), item.key, item.token),
                 }
                 for node in 0..self.nodes.len() {
                     if chases(chase, node) {
