@@ -245,6 +245,50 @@ pub struct Engine {
     written: u64,
     /// See [`Engine::take_foreign`].
     foreign: u64,
+    /// Whether node changes are kept as [`Note`]s ([`Engine::observe`]): off, the cold
+    /// paths that would note one pay a test of this flag, and nothing else does.
+    observed: bool,
+    /// The node changes noted since the caller last drained them
+    /// ([`Engine::drain_notes`]).
+    notes: Vec<Note>,
+    /// How many sessions have [`Session::lag_noted`] set.
+    lag_noted: usize,
+}
+
+/// A change in a node's standing, kept as data for the caller while
+/// [`Engine::observe`] is on (the engine calls out to nothing): the driver hands these
+/// to the user's observer once the engine's work of the moment is done.
+#[derive(Clone, Debug)]
+pub enum Note {
+    /// A connection's handshake was answered: the node takes part again. `first`: its
+    /// first connection answered since the engine started (not a reconnect).
+    Connected {
+        /// The node.
+        node: usize,
+        /// Not a reconnect.
+        first: bool,
+    },
+    /// The connection failed, or was dropped (a connect that failed or timed out
+    /// included): the node is down until it reconnects after its backoff. `error` is
+    /// [`NodeError::Down`] with the cause.
+    Down {
+        /// The node.
+        node: usize,
+        /// [`NodeError::Down`] with why.
+        error: NodeError,
+    },
+    /// Found to owe replies older than `node_timeout` (or too many rounds back): not
+    /// asked, nor waited for, until it catches up. Noted once until then.
+    Lagging {
+        /// The node.
+        node: usize,
+    },
+    /// A node noted lagging was written a round's command again. (One whose connection
+    /// is dropped meanwhile is noted down instead.)
+    CaughtUp {
+        /// The node.
+        node: usize,
+    },
 }
 
 impl Engine {
@@ -273,6 +317,9 @@ impl Engine {
             queued: 0,
             written: 0,
             foreign: 0,
+            observed: false,
+            notes: Vec::new(),
+            lag_noted: 0,
         }
         .watching(now)
     }
@@ -372,6 +419,18 @@ impl Engine {
         &self.timing
     }
 
+    /// From now on, notes node changes ([`Note`]) for [`Engine::drain_notes`].
+    pub fn observe(&mut self) {
+        self.observed = true;
+        // Room for a burst of changes on every node without allocating.
+        self.notes.reserve(4 * self.sessions.len());
+    }
+
+    /// The node changes noted since the last call, oldest first.
+    pub fn drain_notes(&mut self) -> std::vec::Drain<'_, Note> {
+        self.notes.drain(..)
+    }
+
     /// Readiness of tokens that are not nodes' since the last call: bit `i` for token
     /// `nodes + i` (`i < 63`), bit 63 for any other (a waker's).
     pub fn take_foreign(&mut self) -> u64 {
@@ -431,6 +490,44 @@ impl Engine {
     fn drop_conn<T: Transport>(&mut self, t: &mut T, node: usize, error: NodeError, now: Instant) {
         t.close(node);
         self.sessions[node].fail(error, now, self.timing.max_backoff);
+        if self.observed {
+            self.note_down(node);
+        }
+    }
+
+    /// Notes that `node`'s connection is gone (it is no longer lagging: it is down).
+    #[cold]
+    fn note_down(&mut self, node: usize) {
+        let s = &mut self.sessions[node];
+        if std::mem::take(&mut s.lag_noted) {
+            self.lag_noted -= 1;
+        }
+        self.notes.push(Note::Down {
+            node,
+            error: s.down_error(),
+        });
+    }
+
+    /// Notes that `node`'s new connection answered its handshake, if it just did.
+    #[cold]
+    fn note_connected(&mut self, node: usize) {
+        let s = &mut self.sessions[node];
+        if s.state == State::Ready && !s.handshaking() {
+            let first = !std::mem::replace(&mut s.connected_before, true);
+            self.notes.push(Note::Connected { node, first });
+        }
+    }
+
+    /// Notes the nodes noted lagging that the round just begun was written to.
+    #[cold]
+    fn note_caught_up(&mut self) {
+        for (node, s) in self.sessions.iter_mut().enumerate() {
+            if s.lag_noted && s.sent {
+                s.lag_noted = false;
+                self.lag_noted -= 1;
+                self.notes.push(Note::CaughtUp { node });
+            }
+        }
     }
 
     /// Queues `count` commands on `node`, for slots `expect.slot..`, writing them at once
@@ -579,6 +676,9 @@ impl Engine {
         }
         if self.watch != 0 {
             self.fail_known_duplicates(active);
+        }
+        if self.lag_noted != 0 {
+            self.note_caught_up();
         }
     }
 
@@ -737,6 +837,11 @@ impl Engine {
             } else {
                 NodeError::Lagging
             };
+            if self.observed && why == NodeError::Lagging && !s.lag_noted {
+                self.sessions[node].lag_noted = true;
+                self.lag_noted += 1;
+                self.notes.push(Note::Lagging { node });
+            }
             // A fence write-back goes to every node whose connection is up, a lagging one
             // too: it raises the counter there whenever the node runs it.
             let behind = match active.req.phase {
@@ -1147,7 +1252,11 @@ impl Engine {
         // The moment the bytes were read, at the earliest (an `INFO` reply is dated by it).
         let now = t.now();
         let before = self.sessions[node].identity;
+        let handshaking = self.observed && self.sessions[node].handshaking();
         let answer = self.sessions[node].next_answer(&self.timing.limits, now);
+        if handshaking {
+            self.note_connected(node);
+        }
         if self.sessions[node].identity != before {
             self.refresh_watch(self.round_start.unwrap_or(now));
         }
@@ -1581,6 +1690,11 @@ mod tests {
 
     /// An engine whose five connections have answered their handshake.
     fn ready() -> (Engine, Pipes) {
+        ready_with(false)
+    }
+
+    /// [`ready`], noting node changes from the start when `observed`.
+    fn ready_with(observed: bool) -> (Engine, Pipes) {
         let t0 = base();
         let timing = Timing {
             node_timeout: TIMEOUT,
@@ -1590,6 +1704,9 @@ mod tests {
             restart_guard: Duration::ZERO,
         };
         let mut e = Engine::new(vec![Login::default(); NODES], timing, t0);
+        if observed {
+            e.observe();
+        }
         let mut t = Pipes {
             now: t0,
             written: vec![Vec::new(); NODES],
@@ -1672,6 +1789,56 @@ mod tests {
             assert!(t.written[node].len() > mark, "node {node}: no delete");
             assert_eq!(e.sessions()[node].deletes_owed, 1);
         }
+    }
+
+    /// The notes drained, by kind and node.
+    fn notes(e: &mut Engine) -> Vec<String> {
+        e.drain_notes()
+            .map(|n| match n {
+                Note::Connected { node, first } => format!("connected {node} {first}"),
+                Note::Down { node, .. } => format!("down {node}"),
+                Note::Lagging { node } => format!("lagging {node}"),
+                Note::CaughtUp { node } => format!("caught up {node}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn node_changes_are_noted_only_when_observed() {
+        let (mut e, _) = ready();
+        assert!(notes(&mut e).is_empty());
+        let (mut e, mut t) = ready_with(true);
+        let connected: Vec<String> = (0..NODES).map(|n| format!("connected {n} true")).collect();
+        assert_eq!(notes(&mut e), connected);
+        // Node 4 does not answer round 1; past node_timeout it lags in round 2, once.
+        let mut a = Attempt::new(KEY, 1);
+        a.begin(&mut e, &mut t);
+        for node in 0..4 {
+            a.feed(&mut e, &mut t, node, b"+OK\r\n");
+        }
+        t.now += TIMEOUT + Duration::from_millis(1);
+        let mut b = Attempt::new(b"other", 2);
+        b.begin(&mut e, &mut t);
+        assert_eq!(
+            b.round.vote(4, 0),
+            Some(Outcome::Failed(NodeError::Lagging))
+        );
+        for node in 0..4 {
+            b.feed(&mut e, &mut t, node, b"+OK\r\n");
+        }
+        let mut c = Attempt::new(b"third", 3);
+        c.begin(&mut e, &mut t);
+        assert_eq!(notes(&mut e), ["lagging 4"]);
+        // It answers what it owed: written again in the next round, caught up.
+        t.replies[4].extend_from_slice(b"+OK\r\n");
+        e.on_event(&mut t, 4, true, false, None);
+        let mut d = Attempt::new(b"fourth", 4);
+        d.begin(&mut e, &mut t);
+        assert_eq!(notes(&mut e), ["caught up 4"]);
+        // Its server closes the connection: down.
+        t.closing[4] = true;
+        e.on_event(&mut t, 4, true, true, None);
+        assert_eq!(notes(&mut e), ["down 4"]);
     }
 
     #[test]

@@ -369,6 +369,48 @@ impl Round {
         }
     }
 
+    /// [`Round::vote`] by reference, without cloning a failure's detail: what an
+    /// observer is shown. `None` while pending (or for no such pair).
+    pub fn vote_ref(&self, node: usize, slot: usize) -> Option<&Outcome> {
+        static YES: [Outcome; 4] = [
+            Outcome::Locked,
+            Outcome::Locked,
+            Outcome::Released,
+            Outcome::Fenced,
+        ];
+        static NO: [Outcome; 4] = [
+            Outcome::Held,
+            Outcome::NotHeld,
+            Outcome::NotHeld,
+            Outcome::NotHeld,
+        ];
+        let i = match self.phase? {
+            Phase::Acquire => 0,
+            Phase::Extend => 1,
+            Phase::Release => 2,
+            Phase::Fence => 3,
+        };
+        match self.cast(node, slot)? {
+            Vote::Yes => Some(&YES[i]),
+            Vote::No => Some(&NO[i]),
+            Vote::Failed => self
+                .failures
+                .iter()
+                .find(|(k, _)| *k == slot * self.nodes + node)
+                .map(|(_, o)| o),
+        }
+    }
+
+    /// The phase of the round, once begun.
+    pub fn phase(&self) -> Option<Phase> {
+        self.phase
+    }
+
+    /// Nodes the round is over.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
     /// The votes for `slot`, by node; pending ones read as `NotNeeded` (the slot was
     /// decided without them: a timeout records `NoReply` for every pending vote).
     pub fn outcomes(&self, slot: usize) -> impl Iterator<Item = Outcome> + '_ {
@@ -908,5 +950,24 @@ mod tests {
             b.outcomes(0).collect::<Vec<_>>()
         );
         assert_eq!((a.yes(0), a.answered(0)), (1, 2));
+    }
+
+    #[test]
+    fn vote_ref_is_vote_by_reference() {
+        for phase in [Phase::Acquire, Phase::Extend, Phase::Release, Phase::Fence] {
+            let (mut r, _) = round(phase, 70);
+            r.begin(phase, 70, 2);
+            r.tally(0, 0, true);
+            r.tally(1, 1, false);
+            r.tally(65, 0, true);
+            r.record(2, 0, Outcome::Failed(NodeError::Lagging));
+            r.record(66, 1, Outcome::NoReply);
+            for slot in 0..2 {
+                for node in 0..70 {
+                    assert_eq!(r.vote_ref(node, slot).cloned(), r.vote(node, slot));
+                }
+            }
+            assert_eq!((r.phase(), r.nodes()), (Some(phase), 70));
+        }
     }
 }

@@ -281,6 +281,10 @@ pub struct Session {
     /// The current round's command is held back from this node until its deletes are
     /// answered (see `Engine::begin`): not written, so it votes only once it is.
     pub(crate) held: bool,
+    /// Noted lagging for an observer (`engine::Note::Lagging`), not yet caught up.
+    pub(crate) lag_noted: bool,
+    /// A connection of this node has answered its handshake before.
+    pub(crate) connected_before: bool,
 }
 
 impl Session {
@@ -308,6 +312,8 @@ impl Session {
             identity: None,
             deletes_owed: 0,
             held: false,
+            lag_noted: false,
+            connected_before: false,
         }
     }
 
