@@ -356,6 +356,8 @@ pub struct Settings {
     pub fencing: bool,
     /// The longest a [`Lease`](crate::Lease) is kept alive; `None`: no limit.
     pub max_hold: Option<Duration>,
+    /// See [`Builder::observer`].
+    pub(crate) observer: Option<crate::observer::Attached>,
 }
 
 /// Builds a [`Redlock`]: set the nodes, optionally tune, then [`Builder::build`].
@@ -406,6 +408,7 @@ pub struct Builder {
     restart_guard: Duration,
     fencing: bool,
     max_hold: Option<Duration>,
+    observer: Option<crate::observer::Attached>,
 }
 
 impl std::fmt::Debug for Builder {
@@ -425,6 +428,7 @@ impl std::fmt::Debug for Builder {
             .field("restart_guard", &self.restart_guard)
             .field("fencing", &self.fencing)
             .field("max_hold", &self.max_hold)
+            .field("observer", &self.observer)
             .finish()
     }
 }
@@ -444,6 +448,7 @@ impl Default for Builder {
             restart_guard: Duration::ZERO,
             fencing: false,
             max_hold: None,
+            observer: None,
         }
     }
 }
@@ -612,6 +617,41 @@ impl Builder {
         self
     }
 
+    /// Sets an [`Observer`](crate::Observer), which the client calls with every round's
+    /// outcome, node by node, and with node changes (connected, down, lagging): the
+    /// place to count, time or log what the client does. Unset (the default), the client
+    /// does no work for one. Pass an `Arc` to keep a handle to it. See
+    /// [`observer`](crate::observer) for what it is told, on which thread, and what it
+    /// must not do.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use quorumlock::{Observer, Redlock, RoundEvent};
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    ///
+    /// #[derive(Default)]
+    /// struct Rounds(AtomicU64);
+    ///
+    /// impl Observer for Rounds {
+    ///     fn round(&self, _: &RoundEvent<'_>) {
+    ///         self.0.fetch_add(1, Relaxed);
+    ///     }
+    /// }
+    ///
+    /// let rounds = Arc::new(Rounds::default());
+    /// let mut rl = Redlock::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .observer(Arc::clone(&rounds))
+    ///     .build()?;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    pub fn observer(mut self, observer: impl crate::Observer) -> Self {
+        self.observer = Some(crate::observer::Attached::new(observer));
+        self
+    }
+
     /// Bounds on server replies (defaults in [`Limits`]).
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
@@ -735,6 +775,7 @@ impl Builder {
             restart_guard: self.restart_guard,
             fencing: self.fencing,
             max_hold: self.max_hold,
+            observer: self.observer,
         })
     }
 }

@@ -41,6 +41,9 @@
 //! - [`Error`] and its parts ([`Failure`], [`NodeReport`], [`Outcome`], [`NodeError`],
 //!   [`ConfigError`], [`ArgumentError`], [`OsError`]): what went wrong, where.
 //! - [`Limits`], [`MAX_RESOURCE`], [`MAX_TTL`], [`MAX_TOKEN`], [`INLINE_RESOURCE`]: the bounds.
+//! - [`observer`] ([`Observer`], [`RoundEvent`], [`NodeEvent`]): every round's outcome,
+//!   node by node, and node changes, for metrics and logs
+//!   ([`Builder::observer`]).
 //! - [`inspect`] ([`NodeView`]): what every node holds for a resource, for operators
 //!   (`quorumlock status`); off the lock path.
 //!
@@ -68,6 +71,7 @@ mod fencing;
 mod inspect;
 mod lock;
 mod lock_all;
+pub mod observer;
 mod redlock;
 mod resp;
 mod shared;
@@ -79,6 +83,9 @@ pub use error::{
 };
 pub use inspect::{NodeView, inspect};
 pub use lock::{INLINE_RESOURCE, Lock, LockParts};
+pub use observer::{
+    Decision, NodeChange, NodeEvent, NodeOutcome, Nodes, Observer, Resources, RoundEvent,
+};
 pub use redlock::{MAX_RESOURCE, MAX_TTL, Redlock};
 pub use resp::{Limits, ProtocolError};
 pub use shared::{Lease, Lost, SharedRedlock};

@@ -35,6 +35,7 @@ use crate::core::engine::{Active, Engine, Item, Request, Timing};
 use crate::core::round::Round;
 use crate::core::session::Login;
 use crate::error::Phase;
+use crate::observer::Watcher;
 use conn::Net;
 use mio::{Events, Poll};
 use std::io;
@@ -51,6 +52,9 @@ pub(crate) struct Driver {
     /// leases: their lost signal never waits for a round to end), and what to run then;
     /// it returns the next one. `None` for the direct client: one test per wait.
     alarm: Option<(Instant, Alarm)>,
+    /// The user's observer and what it needs from the rounds (`None`: no observer, and
+    /// no work for one: one test per wait).
+    watcher: Option<Box<Watcher>>,
 }
 
 /// What an alarm runs: given the time, it returns the next alarm, if any.
@@ -96,9 +100,17 @@ impl Driver {
             net,
             budget: WaitBudget::new(now, settings.node_timeout),
             alarm: None,
+            watcher: None,
         };
+        if let Some(observer) = &settings.observer {
+            let nodes = settings.nodes.len();
+            let watcher = Watcher::new(observer.get(), settings.drift_factor, nodes);
+            driver.watcher = Some(Box::new(watcher));
+            driver.engine.observe();
+        }
         // Start connecting now, so the first call finds connections ready.
         driver.engine.maintain(&mut driver.net, now);
+        driver.forward();
         Ok(driver)
     }
 
@@ -126,6 +138,7 @@ impl Driver {
             engine,
             net,
             budget,
+            watcher,
             ..
         } = self;
         // Before any command goes out, take in what arrived while the caller was away:
@@ -138,6 +151,10 @@ impl Driver {
         let start = Instant::now();
         let mut active = Active { round, req };
         engine.begin(net, &mut active, start);
+        if let Some(w) = watcher {
+            w.begin(active.round, start);
+            w.forward(engine, net.endpoints());
+        }
         // Waits come from a budget that reads the clock only every few waits (see
         // `core::budget`); the clock is otherwise read only to stamp a decision, once per
         // batch of replies that made one.
@@ -162,6 +179,7 @@ impl Driver {
             net,
             budget,
             alarm,
+            watcher,
         } = self;
         let mut active = Active { round, req };
         // A release is decided by a majority, but does not return while a delete it
@@ -183,6 +201,9 @@ impl Driver {
                             waits.once(engine, net, Duration::ZERO, Some(&mut active));
                             if active.round.has_unstamped() {
                                 active.round.stamp(Instant::now());
+                            }
+                            if let Some(w) = watcher {
+                                w.batch(active.round);
                             }
                             active.round.time_out(now);
                             break;
@@ -223,6 +244,9 @@ impl Driver {
             if active.round.has_unstamped() {
                 active.round.stamp(Instant::now());
             }
+            if let Some(w) = watcher {
+                w.batch(active.round);
+            }
             if alarm.is_some() {
                 ring(alarm);
             }
@@ -232,7 +256,18 @@ impl Driver {
             active.round.stamp(Instant::now());
         }
         debug_assert!(!active.round.has_unstamped());
+        if let Some(w) = watcher {
+            w.decided(engine, net.endpoints(), active.round, req);
+        }
         true
+    }
+
+    /// Hands the node changes noted since the last call to the observer, if any.
+    #[inline]
+    fn forward(&mut self) {
+        if let Some(w) = &self.watcher {
+            w.forward(&mut self.engine, self.net.endpoints());
+        }
     }
 
     /// Waits until `until`, reading (and discarding) late replies meanwhile.
@@ -244,6 +279,7 @@ impl Driver {
             }
             self.waits
                 .once(&mut self.engine, &mut self.net, until - now, None);
+            self.forward();
         }
     }
 
@@ -261,6 +297,7 @@ impl Driver {
                 wait = wait.min(at.saturating_duration_since(now));
             }
             self.waits.once(&mut self.engine, &mut self.net, wait, None);
+            self.forward();
             if self.alarm.is_some() {
                 ring(&mut self.alarm);
             }
@@ -283,8 +320,11 @@ impl Driver {
     /// read (and dropped), foreign readiness collected. False when nothing came.
     pub fn wait(&mut self, timeout: Option<Duration>) -> bool {
         let timeout = timeout.unwrap_or(Duration::from_secs(3600));
-        self.waits
-            .once(&mut self.engine, &mut self.net, timeout, None)
+        let woke = self
+            .waits
+            .once(&mut self.engine, &mut self.net, timeout, None);
+        self.forward();
+        woke
     }
 
     /// Whether some bytes wait in the process for a socket (see `Engine::writes_pending`).
@@ -301,6 +341,7 @@ impl Driver {
     /// Fire-and-forget compare-and-delete of `lost` slots; see `Engine::release_lost`.
     pub fn release_lost(&mut self, items: &[Item<'_>], lost: &[usize]) {
         self.engine.release_lost(&mut self.net, items, lost);
+        self.forward();
     }
 
     /// The nodes the last round's command was handed to.

@@ -153,6 +153,7 @@ impl Inner {
 
     /// Queues `call` and wakes the loop if it sleeps; false if the loop has ended.
     fn submit(&self, call: &Arc<Call>) -> bool {
+        crate::observer::refuse_reentry();
         let mut q = self.queue();
         if q.ended {
             return false;
@@ -204,6 +205,7 @@ impl Inner {
     /// keeps: a round in flight, a retry, a lease, a release to try again, bytes still to
     /// write.
     fn with_idle_loop(&self, f: impl FnOnce(&mut event_loop::EventLoop) -> bool) -> bool {
+        crate::observer::refuse_reentry();
         let state = match self.state.try_lock() {
             Ok(state) => state,
             Err(_) => return false,
