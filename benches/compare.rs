@@ -392,12 +392,32 @@ struct Quorumlock {
     first_error: Option<String>,
 }
 
+/// What a metrics observer does: counts every node's outcome, sums the latencies (the
+/// `quorumlock-observed` row: the cost of an observer set).
+#[derive(Default)]
+struct Tally {
+    outcomes: std::sync::atomic::AtomicU64,
+    micros: std::sync::atomic::AtomicU64,
+}
+
+impl quorumlock::Observer for Tally {
+    fn round(&self, e: &quorumlock::RoundEvent<'_>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        for n in e.nodes() {
+            self.outcomes.fetch_add(1, Relaxed);
+            let micros = n.latency().map_or(0, |l| l.as_micros() as u64);
+            self.micros.fetch_add(micros, Relaxed);
+        }
+    }
+}
+
 impl Quorumlock {
     fn new(urls: &[String], key: &str) -> Quorumlock {
-        let mut rl = Redlock::builder()
-            .nodes(urls)
-            .build()
-            .expect("quorumlock client");
+        Quorumlock::built(Redlock::builder().nodes(urls), key)
+    }
+
+    fn built(builder: quorumlock::Builder, key: &str) -> Quorumlock {
+        let mut rl = builder.build().expect("quorumlock client");
         // Connections open in the background: wait for the first full cycle.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -1232,7 +1252,8 @@ fn full(cfg: &Config) {
 
 /// `--count-mode ROW N`: N cycles of one row after a fixed warm-up; nothing else.
 ///
-/// Rows: `floor`, `floor-quorum`, `sequential`, `quorumlock`, and `quorumlock-frozen`
+/// Rows: `floor`, `floor-quorum`, `sequential`, `quorumlock`, `quorumlock-observed` (with a
+/// counting observer set), and `quorumlock-frozen`
 /// (a soak test, own nodes only: nodes 3 and 4 are frozen after the warm-up, and the
 /// slow cycles and client buffers are reported).
 fn count_mode(row: &str, n: usize) {
@@ -1254,9 +1275,15 @@ fn count_mode(row: &str, n: usize) {
         "floor-quorum" => Box::new(Floor::with_quorum(&ports, "cnt:floor-q", NODES / 2 + 1)),
         "sequential" => Box::new(Sequential::new(&ports, "cnt:seq")),
         "quorumlock" | "quorumlock-frozen" => Box::new(Quorumlock::new(&urls_of(&ports), "cnt:ql")),
+        "quorumlock-observed" => {
+            let builder = Redlock::builder()
+                .nodes(urls_of(&ports))
+                .observer(Tally::default());
+            Box::new(Quorumlock::built(builder, "cnt:ql-obs"))
+        }
         other => panic!(
             "--count-mode: unknown row {other:?} \
-             (floor|floor-quorum|sequential|quorumlock|quorumlock-frozen)"
+             (floor|floor-quorum|sequential|quorumlock|quorumlock-observed|quorumlock-frozen)"
         ),
     };
     for _ in 0..COUNT_WARMUP {

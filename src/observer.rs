@@ -57,10 +57,13 @@
 //! callers: they must be quick (count, push to a channel, format into a preallocated
 //! buffer) and must not block.
 //!
-//! They must not call back into the client. For the shared client, such a call is
-//! refused with a panic (it would wait for the loop thread, which is the one running
-//! the observer: a deadlock); a direct client can only be reached through something that
-//! locks it (a `Mutex` the caller holds), which would deadlock: do not.
+//! They must not call back into the client. A [`SharedRedlock`](crate::SharedRedlock)
+//! request made from inside an observer method (of any client) is refused with a panic:
+//! it would wait for the loop thread, which may be the one running the observer (a
+//! deadlock). A direct client can only be reached through something that locks it (a
+//! `Mutex` its caller holds), which would deadlock: do not. An observer that keeps a
+//! handle of the shared client it observes keeps that client alive (a cycle): let go of
+//! the handle when done.
 //!
 //! A panic in an observer method is caught where the client called it: the panic hook
 //! runs as usual (by default it prints the message), the method's remaining work is
@@ -661,6 +664,8 @@ impl Watcher {
 
     /// A round has begun at `start` (its commands written): votes already recorded were
     /// not replies.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn begin(&mut self, round: &Round, start: Instant) {
         self.round += 1;
         self.start = start;
@@ -682,6 +687,8 @@ impl Watcher {
 
     /// After a batch of events: the votes it recorded are stamped with one clock
     /// reading, and so is the round's end if it came.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn batch(&mut self, round: &Round) {
         if self.open == 0 && self.done_at.is_some() {
             return;
@@ -706,6 +713,8 @@ impl Watcher {
     }
 
     /// Hands the node changes the engine noted to the observer.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn forward(&self, engine: &mut Engine, endpoints: &[Endpoint]) {
         for note in engine.drain_notes() {
             let (node, change) = match &note {
@@ -733,6 +742,8 @@ impl Watcher {
     }
 
     /// The round `req` is decided: node changes first, then one event per item.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn decided(
         &mut self,
         engine: &mut Engine,

@@ -41,6 +41,9 @@
 //! - The steady-state round (every node ready) allocates nothing and reads no clock: the
 //!   caller passes `start` in, and the transport is asked for the time only on cold paths
 //!   (a failure, a connection established).
+//! - The engine calls out to no one: while [`Engine::observe`] is on, node changes
+//!   (connected, down, lagging, caught up) are kept as [`Note`]s, in the order they
+//!   happened, for the caller to drain once the engine's work of the moment is done.
 
 use super::command::{self, Arg, Command, Frame, KeyList};
 use super::round::Round;

@@ -22,6 +22,10 @@
 //!   reconnecting and handshakes never block the caller past that: a command for a node
 //!   still connecting waits behind its handshake, and a node that cannot take part votes
 //!   "failed".
+//! - With an observer set (`crate::observer`), the engine's notes are handed to it
+//!   between events, never in the middle of one, and a round's events once it is decided
+//!   (at the end of [`Driver::finish`]); each batch of replies is then stamped with one
+//!   more clock reading, for the nodes' latencies. Without one, each wait pays a test.
 //! - Before any command goes out, one non-blocking poll takes in whatever arrived
 //!   meanwhile, so a byte no command asked for is caught as such instead of being read
 //!   as the answer to the new command, and a connection the server closed is replaced
