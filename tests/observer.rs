@@ -360,6 +360,24 @@ fn a_key_held_by_another_client_is_refused_on_that_node() {
     for (i, n) in failure.nodes.iter().enumerate() {
         assert_eq!(&n.outcome, e[0].outcome(i));
     }
+    // `lock` retries: one event per attempt.
+    let mut retrying = Redlock::builder()
+        .nodes(cluster.urls())
+        .node_timeout(HEALTHY)
+        .retry_count(2)
+        .retry_delay(Duration::from_millis(5))
+        .retry_jitter(Duration::ZERO)
+        .observer(Arc::clone(&obs))
+        .build()
+        .unwrap();
+    let err = retrying.lock("obs:held", TTL).expect_err("taken");
+    assert_eq!(err.failure().unwrap().attempts, 3);
+    let e = obs.take();
+    assert_eq!(e.len(), 3, "{e:?}");
+    for r in &e {
+        check_event(r, 5);
+        assert_eq!((r.phase, r.decision), (Phase::Acquire, Decision::Taken));
+    }
 }
 
 #[test]
@@ -571,6 +589,25 @@ fn the_shared_client_reports_each_item_of_its_rounds() {
             .iter()
             .filter(|x| x.round == r.round && x.phase == r.phase);
         assert_eq!(siblings.count(), r.items, "{r:?}");
+    }
+
+    // A lease's extends, run by the loop, each reported.
+    let lease = shared
+        .blocking_lease("obs:lease", Duration::from_millis(900))
+        .expect("lease");
+    let extended = wait_until(PATIENCE, || {
+        let rounds = obs.rounds.lock().unwrap();
+        rounds.iter().filter(|r| r.phase == Phase::Extend).count() >= 2
+    });
+    assert!(extended);
+    assert!(!lease.is_lost());
+    lease.blocking_release().expect("release");
+    let e = obs.take();
+    e.iter().for_each(|r| check_event(r, 3));
+    assert!(e.iter().any(|r| r.phase == Phase::Release), "{e:?}");
+    for r in e.iter().filter(|r| r.phase == Phase::Extend) {
+        assert_eq!(r.resources, vec![b"obs:lease".to_vec()]);
+        assert_eq!(r.decision, Decision::Won, "{r:?}");
     }
 
     // lock_all in the shared client.
