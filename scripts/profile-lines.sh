@@ -6,6 +6,7 @@
 # inlined work to approximate lines: read it with `objdump -dl` when a line surprises.
 #
 # Usage: scripts/profile-lines.sh TAG [REPO_DIR]   (outputs /tmp/cgl.TAG.{2000,4000}.txt)
+#        ROW=quorumlock-observed scripts/profile-lines.sh TAG   (another row of the bench)
 set -e
 cd "${2:-$(dirname "$0")/..}"
 export CARGO_PROFILE_BENCH_DEBUG=line-tables-only
@@ -21,7 +22,7 @@ done
 sleep 1
 export COMPARE_PORTS=$(IFS=,; echo "${PORTS[*]}")
 for n in 2000 4000; do
-  taskset -c 0 valgrind --tool=callgrind --callgrind-out-file=/tmp/cgl.$1.$n "$BIN" --count-mode quorumlock $n > /dev/null 2>&1
+  taskset -c 0 valgrind --tool=callgrind --callgrind-out-file=/tmp/cgl.$1.$n "$BIN" --count-mode "${ROW:-quorumlock}" $n > /dev/null 2>&1
 done
 kill ${PIDS[@]}
 rm -rf $DIR

@@ -39,14 +39,16 @@
 //! - Latency ([`NodeOutcome::latency`]) is the time from the round's start (read before
 //!   its commands are written) to the clock reading taken right after the batch of
 //!   readiness events in which the node's reply was handled: the client reads the clock
-//!   once per batch (one `epoll_wait`), never per reply, so the resolution is that of a
-//!   batch (microseconds on an idle machine) and a reading is never earlier than the
-//!   reply's arrival in the process. Nodes that gave no reply in the round (not asked,
-//!   `NoReply`, `NotNeeded`) have none.
+//!   at most once per batch (one `epoll_wait`) that recorded a reply, never per reply,
+//!   and shares the reading it takes anyway to time a decision, so the resolution is
+//!   that of a batch (microseconds on an idle machine) and a reading is never earlier
+//!   than the reply's arrival in the process. Nodes that gave no reply in the round (not
+//!   asked, `NoReply`, `NotNeeded`) have none.
 //! - **Zero cost when unset**: without an observer nothing is recorded and no clock is
 //!   read for it (the hot path pays a test of an `Option` per wait). With one, events
-//!   borrow the client's own state and allocate nothing; the client reads the clock once
-//!   more per batch of replies.
+//!   borrow the client's own state and allocate nothing; each batch of replies costs a
+//!   few bit operations and at most one more clock reading (the README's "Observing"
+//!   gives the count per lock and unlock).
 //!
 //! # Where observers run, and what they must not do
 //!
@@ -222,7 +224,10 @@ impl<O: Observer + ?Sized> Observer for Arc<O> {
 #[non_exhaustive]
 pub enum Decision {
     /// A quorum said yes in time: an acquire or extend left validity
-    /// ([`RoundEvent::validity`]), a fence write-back was confirmed by a majority.
+    /// ([`RoundEvent::validity`]), a fence write-back was confirmed by a majority. (An
+    /// extend is judged against its new ttl only: one whose lock's previous validity ran
+    /// out before the quorum agreed is still `Won` here, and the call reports
+    /// [`Error::Expired`](crate::Error::Expired).)
     Won,
     /// A quorum said yes, but too late: no validity was left (the call reports
     /// [`Error::Expired`](crate::Error::Expired)).
@@ -269,12 +274,12 @@ pub struct RoundEvent<'a> {
     votes: &'a Round,
     sessions: &'a [Session],
     slot: usize,
-    stamps: &'a [u64],
+    replied: Replied<'a>,
     decision: Decision,
     started: Instant,
-    elapsed: Option<Duration>,
+    /// When the item was decided (the clock reading after the batch that decided it).
+    decided: Option<Instant>,
     deadline: Option<Instant>,
-    validity: Option<Duration>,
 }
 
 impl<'a> RoundEvent<'a> {
@@ -359,7 +364,8 @@ impl<'a> RoundEvent<'a> {
     /// batch of replies that decided it (or the timeout); `None` only when it was
     /// decided before any wait (every node down, say) and not timed.
     pub fn elapsed(&self) -> Option<Duration> {
-        self.elapsed
+        self.decided
+            .map(|at| at.saturating_duration_since(self.started))
     }
 
     /// An acquire or extend that was won in time: the validity it left when it was
@@ -368,11 +374,14 @@ impl<'a> RoundEvent<'a> {
     /// the new ttl gives; the call still reports the lock expired if its previous
     /// validity ran out before the quorum agreed.
     pub fn validity(&self) -> Option<Duration> {
-        self.validity
+        self.deadline
+            .zip(self.decided)
+            .map(|(end, at)| end.saturating_duration_since(at))
     }
 
     /// With [`RoundEvent::validity`]: the instant the lock stops being valid, which is
-    /// the lock's [`Lock::deadline`](crate::Lock::deadline).
+    /// the lock's [`Lock::deadline`](crate::Lock::deadline) (for an extend, unless the
+    /// call reported the lock expired: see [`Decision::Won`]).
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
     }
@@ -383,7 +392,7 @@ impl<'a> RoundEvent<'a> {
             votes: self.votes,
             sessions: self.sessions,
             slot: self.slot,
-            stamps: self.stamps,
+            replied: self.replied,
         }
     }
 }
@@ -412,8 +421,8 @@ impl fmt::Debug for RoundEvent<'_> {
             .field("resources", &Keys(self.resources()))
             .field("decision", &self.decision)
             .field("quorum", &self.quorum())
-            .field("elapsed", &self.elapsed)
-            .field("validity", &self.validity)
+            .field("elapsed", &self.elapsed())
+            .field("validity", &self.validity())
             .field("nodes", &All(self.nodes()))
             .finish()
     }
@@ -426,37 +435,50 @@ struct Parts<'a> {
     votes: &'a Round,
     sessions: &'a [Session],
     slot: usize,
-    stamps: &'a [u64],
+    replied: Replied<'a>,
+}
+
+/// When an item's votes were handled: which nodes' were during the round (by word of 64
+/// nodes), and when (nanoseconds from the round's start, by node).
+#[derive(Clone, Copy)]
+struct Replied<'a> {
+    timed: &'a [u64],
+    nanos: &'a [u64],
 }
 
 impl<'a> Parts<'a> {
+    #[inline]
     fn node(&self, index: usize) -> Option<NodeOutcome<'a>> {
         let endpoint = self.endpoints.get(index)?;
         static NOT_NEEDED: Outcome = Outcome::NotNeeded;
         let outcome = self.votes.vote_ref(index, self.slot).unwrap_or(&NOT_NEEDED);
-        let latency = match self.stamps.get(index) {
-            Some(&ns) if ns < UNTIMED => Some(Duration::from_nanos(ns)),
-            _ => None,
+        let timed = self
+            .replied
+            .timed
+            .get(index / 64)
+            .is_some_and(|word| word >> (index % 64) & 1 != 0);
+        // A vote recorded without a reply (a timeout's `NoReply`) has no latency.
+        let nanos = match (timed, outcome) {
+            (false, _) | (_, Outcome::NoReply | Outcome::NotNeeded) => None,
+            (true, _) => self.replied.nanos.get(index).copied(),
         };
-        // A reply that never came has no latency, whatever was recorded for it.
-        let latency = latency.filter(|_| !matches!(outcome, Outcome::NoReply | Outcome::NotNeeded));
         Some(NodeOutcome {
             index,
             endpoint,
             outcome,
-            latency,
+            nanos,
             written: self.sessions.get(index).is_some_and(|s| s.sent),
         })
     }
 }
 
 /// One node's part in a round: its outcome and how long it took.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct NodeOutcome<'a> {
     index: usize,
     endpoint: &'a Endpoint,
     outcome: &'a Outcome,
-    latency: Option<Duration>,
+    nanos: Option<u64>,
     written: bool,
 }
 
@@ -479,14 +501,27 @@ impl<'a> NodeOutcome<'a> {
     /// From the round's start to the handling of its reply (or of the failure of its
     /// connection), at the resolution of a batch of replies; `None` when it gave neither
     /// within the round (not asked, `NoReply`, `NotNeeded`).
+    #[inline]
     pub fn latency(&self) -> Option<Duration> {
-        self.latency
+        self.nanos.map(Duration::from_nanos)
     }
 
     /// Whether the round's command was handed to the node's connection (false for a node
     /// not asked: down, lagging, still connecting, or held back).
     pub fn written(&self) -> bool {
         self.written
+    }
+}
+
+impl fmt::Debug for NodeOutcome<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NodeOutcome")
+            .field("index", &self.index)
+            .field("endpoint", &self.endpoint)
+            .field("outcome", &self.outcome)
+            .field("latency", &self.latency())
+            .field("written", &self.written)
+            .finish()
     }
 }
 
@@ -500,6 +535,7 @@ pub struct Nodes<'a> {
 impl<'a> Iterator for Nodes<'a> {
     type Item = NodeOutcome<'a>;
 
+    #[inline]
     fn next(&mut self) -> Option<NodeOutcome<'a>> {
         let node = self.event.node(self.next)?;
         self.next += 1;
@@ -622,26 +658,34 @@ impl fmt::Debug for Attached {
     }
 }
 
-/// Sentinels of a vote's time in [`Watcher`]: still pending, and recorded without a
-/// reply being handled (at the round's start: not asked).
-const OPEN: u64 = u64::MAX;
-const UNTIMED: u64 = u64::MAX - 1;
-
-/// The driver's side of an observer: the latency stamps of the round in progress
-/// (allocated at build, grown only by a round larger than any before), and the calls
-/// out, each behind `catch_unwind` and the re-entry guard.
+/// The driver's side of an observer: when the votes of the round in progress were
+/// handled (allocated at build, grown only by a round larger than any before), and the
+/// calls out, each behind `catch_unwind` and the re-entry guard.
+///
+/// A batch of events costs a few word operations per slot (bit masks of the nodes that
+/// voted since the last batch), and a clock reading only when it recorded a vote and the
+/// driver did not read the clock for it already.
 pub(crate) struct Watcher {
     observer: Arc<dyn Observer>,
     drift_factor: f64,
     /// The last ttl (whole ms) and its `ttl − drift`.
     safe: (u64, Option<Duration>),
     start: Instant,
-    /// Per slot and node (`slot * nodes + node`): nanoseconds from `start` to the batch
-    /// that recorded the vote, or [`OPEN`], [`UNTIMED`].
-    stamps: Vec<u64>,
     nodes: usize,
-    /// Votes still [`OPEN`].
-    open: usize,
+    /// Words of 64 nodes: `nodes.div_ceil(64)`.
+    words: usize,
+    /// The bits of the nodes in the last word.
+    last: u64,
+    /// Per slot and word (`slot * words + word`): the votes already looked at (at the
+    /// round's start, the votes recorded without asking the node).
+    seen: Vec<u64>,
+    /// Per slot and word: the votes handled during the round, whose time is in `nanos`.
+    timed: Vec<u64>,
+    /// Per slot and node (`slot * nodes + node`): nanoseconds from `start` to the batch
+    /// that recorded the vote; meaningful where `timed` says so.
+    nanos: Vec<u64>,
+    /// Every vote was looked at and `done_at` is set: a batch has nothing left to do.
+    settled: bool,
     /// The clock reading after the batch that decided the whole round.
     done_at: Option<Instant>,
     round: u64,
@@ -649,14 +693,22 @@ pub(crate) struct Watcher {
 
 impl Watcher {
     pub(crate) fn new(observer: Arc<dyn Observer>, drift_factor: f64, nodes: usize) -> Watcher {
+        let words = nodes.div_ceil(64).max(1);
         Watcher {
             observer,
             drift_factor,
             safe: (0, None),
             start: Instant::now(),
-            stamps: Vec::with_capacity(4 * nodes),
             nodes,
-            open: 0,
+            words,
+            last: match nodes % 64 {
+                0 => u64::MAX,
+                left => (1 << left) - 1,
+            },
+            seen: Vec::with_capacity(4 * words),
+            timed: Vec::with_capacity(4 * words),
+            nanos: Vec::with_capacity(4 * nodes),
+            settled: false,
             done_at: None,
             round: 0,
         }
@@ -670,52 +722,111 @@ impl Watcher {
         self.round += 1;
         self.start = start;
         self.done_at = None;
+        self.settled = false;
         let slots = round.slots();
-        self.stamps.clear();
-        self.stamps.resize(slots * self.nodes, OPEN);
-        self.open = 0;
+        if let (1, [seen], [timed]) = (slots, &mut self.seen[..], &mut self.timed[..]) {
+            // Same shape as the last round, one word (the common case).
+            *seen = round.voted_word(0, 0);
+            *timed = 0;
+            return;
+        }
+        self.seen.clear();
         for slot in 0..slots {
-            for node in 0..self.nodes {
-                if round.is_pending(node, slot) {
-                    self.open += 1;
-                } else {
-                    self.stamps[slot * self.nodes + node] = UNTIMED;
-                }
+            for word in 0..self.words {
+                self.seen.push(round.voted_word(slot, word));
             }
+        }
+        self.timed.clear();
+        self.timed.resize(self.seen.len(), 0);
+        if self.nanos.len() < slots * self.nodes {
+            self.nanos.resize(slots * self.nodes, 0);
         }
     }
 
-    /// After a batch of events: the votes it recorded are stamped with one clock
-    /// reading, and so is the round's end if it came.
+    /// After a batch of events: the votes it recorded are stamped with one clock reading
+    /// (`now`, the driver's own when it read the clock after the batch), and so is the
+    /// round's end if it came.
     #[cold]
     #[inline(never)]
-    pub(crate) fn batch(&mut self, round: &Round) {
-        if self.open == 0 && self.done_at.is_some() {
+    pub(crate) fn batch(&mut self, round: &Round, now: Option<Instant>) {
+        if self.settled {
             return;
         }
-        let now = Instant::now();
-        if self.open != 0 {
-            let at = now.saturating_duration_since(self.start);
-            let at = u64::try_from(at.as_nanos()).unwrap_or(UNTIMED - 1);
-            for slot in 0..round.slots() {
-                for node in 0..self.nodes {
-                    let i = slot * self.nodes + node;
-                    if self.stamps.get(i) == Some(&OPEN) && !round.is_pending(node, slot) {
-                        self.stamps[i] = at;
-                        self.open -= 1;
-                    }
+        // One item over at most 64 nodes (the common round): one word to look at.
+        let now = match (&mut self.seen[..], &mut self.timed[..]) {
+            ([seen], [timed]) => {
+                let voted = round.voted_word(0, 0);
+                let new = voted & !*seen;
+                let now = if new != 0 {
+                    *seen = voted;
+                    *timed |= new;
+                    let now = now.unwrap_or_else(Instant::now);
+                    let ns = nanos_since(self.start, now);
+                    stamp_bits(&mut self.nanos, new, ns);
+                    Some(now)
+                } else {
+                    now
+                };
+                self.settled = voted == self.last;
+                now
+            }
+            _ => self.batch_wide(round, now),
+        };
+        if self.done_at.is_none() && round.is_done() {
+            self.done_at = Some(now.unwrap_or_else(Instant::now));
+        }
+        self.settled &= self.done_at.is_some();
+    }
+
+    /// [`Watcher::batch`] for a round of several items, or over more than 64 nodes:
+    /// returns the clock reading if one was taken; `settled` says whether every vote was
+    /// looked at.
+    #[inline(never)]
+    fn batch_wide(&mut self, round: &Round, mut now: Option<Instant>) -> Option<Instant> {
+        let mut at = None;
+        let mut all = true;
+        let mut i = 0;
+        for slot in 0..self.seen.len() / self.words {
+            for word in 0..self.words {
+                let voted = round.voted_word(slot, word);
+                let (Some(seen), Some(timed)) = (self.seen.get_mut(i), self.timed.get_mut(i))
+                else {
+                    return now;
+                };
+                let new = voted & !*seen;
+                if new != 0 {
+                    *seen = voted;
+                    *timed |= new;
+                    let ns = *at.get_or_insert_with(|| {
+                        nanos_since(self.start, *now.get_or_insert_with(Instant::now))
+                    });
+                    let from = slot * self.nodes + word * 64;
+                    stamp_bits(self.nanos.get_mut(from..).unwrap_or_default(), new, ns);
                 }
+                let full = if word + 1 == self.words {
+                    self.last
+                } else {
+                    u64::MAX
+                };
+                all &= voted == full;
+                i += 1;
             }
         }
-        if self.done_at.is_none() && round.is_done() {
-            self.done_at = Some(now);
-        }
+        self.settled = all;
+        now
     }
 
     /// Hands the node changes the engine noted to the observer.
+    #[inline]
+    pub(crate) fn forward(&self, engine: &mut Engine, endpoints: &[Endpoint]) {
+        if engine.has_notes() {
+            self.forward_notes(engine, endpoints);
+        }
+    }
+
     #[cold]
     #[inline(never)]
-    pub(crate) fn forward(&self, engine: &mut Engine, endpoints: &[Endpoint]) {
+    fn forward_notes(&self, engine: &mut Engine, endpoints: &[Endpoint]) {
         for note in engine.drain_notes() {
             let (node, change) = match &note {
                 Note::Connected { node, first } => (*node, NodeChange::Connected { first: *first }),
@@ -765,12 +876,13 @@ impl Watcher {
             }
             _ => None,
         };
+        // The deadline a win gives, `start + safe` (what `acquired_until` checks against).
+        let end = safe.and_then(|safe| self.start.checked_add(safe));
         let items = round.slots();
         for slot in 0..items {
             let decided = round.decided_at(slot).or(self.done_at);
             let (decision, deadline) = match round.decision(slot) {
                 Core::Won if matches!(req.phase, Phase::Acquire | Phase::Extend) => {
-                    let end = safe.and_then(|s| self.start.checked_add(s));
                     match (end, decided) {
                         (Some(end), Some(at)) if at < end => (Decision::Won, Some(end)),
                         _ => (Decision::Expired, None),
@@ -786,8 +898,8 @@ impl Watcher {
             } else {
                 req.items.get(slot..=slot).unwrap_or(&[])
             };
-            let from = (slot * self.nodes).min(self.stamps.len());
-            let to = (from + self.nodes).min(self.stamps.len());
+            let nodes = slot * self.nodes..(slot + 1) * self.nodes;
+            let words = slot * self.words..(slot + 1) * self.words;
             let event = RoundEvent {
                 phase: req.phase,
                 round: self.round,
@@ -798,17 +910,33 @@ impl Watcher {
                 votes: round,
                 sessions: engine.sessions(),
                 slot,
-                stamps: &self.stamps[from..to],
+                replied: Replied {
+                    timed: self.timed.get(words).unwrap_or(&[]),
+                    nanos: self.nanos.get(nodes).unwrap_or(&[]),
+                },
                 decision,
                 started: self.start,
-                elapsed: decided.map(|at| at.saturating_duration_since(self.start)),
+                decided,
                 deadline,
-                validity: deadline
-                    .zip(decided)
-                    .map(|(end, at)| end.saturating_duration_since(at)),
             };
             deliver(|| self.observer.round(&event));
         }
+    }
+}
+
+/// Nanoseconds from `start` to `now` (saturating).
+fn nanos_since(start: Instant, now: Instant) -> u64 {
+    u64::try_from(now.saturating_duration_since(start).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Sets `nanos[n]` to `ns` for every bit `n` of `bits`.
+#[inline]
+fn stamp_bits(nanos: &mut [u64], mut bits: u64, ns: u64) {
+    while bits != 0 {
+        if let Some(n) = nanos.get_mut(bits.trailing_zeros() as usize) {
+            *n = ns;
+        }
+        bits &= bits - 1;
     }
 }
 
@@ -820,12 +948,32 @@ thread_local! {
 /// Calls an observer method: marked as inside an observer for its duration (see
 /// [`refuse_reentry`]), its panic caught.
 fn deliver(f: impl FnOnce()) {
-    let outer = INSIDE.with(|inside| inside.replace(true));
+    /// Restores the mark however `deliver` is left.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let outer = self.0;
+            INSIDE.with(|inside| inside.set(outer));
+        }
+    }
+    let _restore = Restore(INSIDE.with(|inside| inside.replace(true)));
     // The client's state is consistent whenever an observer is called (between events,
     // never in the middle of one), and the observer sees it only through `&`: nothing
     // it can break by unwinding.
-    let _ = catch_unwind(AssertUnwindSafe(f));
-    INSIDE.with(|inside| inside.set(outer));
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(f)) {
+        drop_payload(payload);
+    }
+}
+
+/// Drops a caught panic's payload, whose own `Drop` may panic too (`panic_any` of
+/// anything): that second panic is caught as well, and its payload leaked rather than
+/// dropped, so that nothing unwinds into the client.
+#[cold]
+#[inline(never)]
+fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(again);
+    }
 }
 
 /// Panics when called from inside an observer method: the shared client's requests
@@ -860,5 +1008,20 @@ mod tests {
             assert!(reentry.is_err());
         });
         refuse_reentry();
+    }
+
+    #[test]
+    fn a_panic_whose_payload_panics_when_dropped_is_contained_too() {
+        struct Bomb;
+        impl Drop for Bomb {
+            fn drop(&mut self) {
+                panic!("payload dropped");
+            }
+        }
+        deliver(|| std::panic::panic_any(Bomb));
+        assert!(!INSIDE.with(Cell::get));
+        let mut later = false;
+        deliver(|| later = true);
+        assert!(later);
     }
 }

@@ -271,6 +271,35 @@ fn every_kind_of_round_reports_each_node_once() {
         [Phase::Acquire, Phase::Extend, Phase::Release]
     );
     assert_eq!(e[1].deadline, Some(all.deadline()));
+
+    // A caller-chosen token (inline 32 bytes, and a longer one behind an Arc): the same
+    // rounds, reported alike.
+    for token in [
+        vec![7u8; 32],
+        b"a token of the caller's, longer than 32 bytes".to_vec(),
+    ] {
+        let lock = rl
+            .try_lock_with_token("obs:given", TTL, &token)
+            .expect("given token");
+        assert_eq!(lock.token(), &token[..]);
+        rl.unlock(&lock).expect("unlock");
+        let e = obs.take();
+        assert_eq!(e.len(), 2, "{e:?}");
+        e.iter().for_each(|r| check_event(r, 5));
+        assert_eq!(
+            (e[0].phase, e[0].decision, e[0].deadline),
+            (Phase::Acquire, Decision::Won, Some(lock.deadline()))
+        );
+        assert_eq!(e[0].resources, vec![b"obs:given".to_vec()]);
+        assert_eq!(e[1].phase, Phase::Release);
+    }
+    let lock = rl
+        .lock_with_token("obs:given", TTL, b"retried")
+        .expect("given token, lock");
+    rl.unlock(&lock).expect("unlock");
+    let e = obs.take();
+    assert_eq!(e.len(), 2, "{e:?}");
+    e.iter().for_each(|r| check_event(r, 5));
 }
 
 #[test]
@@ -550,6 +579,21 @@ fn the_shared_client_reports_each_item_of_its_rounds() {
     });
     let e = obs.take();
     assert_eq!(e.len(), 2, "{e:?}");
+    e.iter().for_each(|r| check_event(r, 3));
+    // A caller-chosen token, through the loop's batched rounds.
+    let lock = shared
+        .blocking_lock_with_token("obs:given", TTL, b"shared given token")
+        .expect("given token");
+    shared.blocking_unlock(&lock).expect("unlock");
+    let e = obs.take();
+    assert_eq!(
+        e.iter().map(|r| (r.phase, r.decision)).collect::<Vec<_>>(),
+        [
+            (Phase::Acquire, Decision::Won),
+            (Phase::Release, Decision::Released)
+        ]
+    );
+    assert_eq!(e[0].deadline, Some(lock.deadline()));
     e.iter().for_each(|r| check_event(r, 3));
 
     let callers = 8;

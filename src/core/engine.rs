@@ -429,6 +429,12 @@ impl Engine {
         self.notes.reserve(4 * self.sessions.len());
     }
 
+    /// Whether node changes wait to be drained ([`Engine::drain_notes`]).
+    #[inline]
+    pub fn has_notes(&self) -> bool {
+        !self.notes.is_empty()
+    }
+
     /// The node changes noted since the last call, oldest first.
     pub fn drain_notes(&mut self) -> std::vec::Drain<'_, Note> {
         self.notes.drain(..)

@@ -401,6 +401,23 @@ impl Round {
         }
     }
 
+    /// Which of nodes `64 * word .. 64 * word + 64` have voted on `slot` (bit `n % 64`
+    /// for node `n`): a whole word of [`Round::is_pending`] at once. 0 for no such slot
+    /// or word.
+    #[inline]
+    pub fn voted_word(&self, slot: usize, word: usize) -> u64 {
+        if word == 0 {
+            return self.slots.get(slot).map_or(0, |s| s.marks.voted);
+        }
+        let words = self.nodes.div_ceil(64).max(1) - 1;
+        if word > words {
+            return 0;
+        }
+        self.more
+            .get(slot * words + word - 1)
+            .map_or(0, |m| m.voted)
+    }
+
     /// The phase of the round, once begun.
     pub fn phase(&self) -> Option<Phase> {
         self.phase
@@ -968,6 +985,13 @@ mod tests {
                 }
             }
             assert_eq!((r.phase(), r.nodes()), (Some(phase), 70));
+            for slot in 0..2 {
+                for node in 0..70 {
+                    let bit = r.voted_word(slot, node / 64) >> (node % 64) & 1;
+                    assert_eq!(bit == 0, r.is_pending(node, slot), "{slot} {node}");
+                }
+            }
+            assert_eq!((r.voted_word(2, 0), r.voted_word(0, 2)), (0, 0));
         }
     }
 }

@@ -203,11 +203,9 @@ impl Driver {
                             // round taken up late (by another thread, or after a stall)
                             // may find its answers there rather than none.
                             waits.once(engine, net, Duration::ZERO, Some(&mut active));
-                            if active.round.has_unstamped() {
-                                active.round.stamp(Instant::now());
-                            }
+                            let stamped = stamp(active.round);
                             if let Some(w) = watcher {
-                                w.batch(active.round);
+                                w.batch(active.round, stamped);
                             }
                             active.round.time_out(now);
                             break;
@@ -245,11 +243,9 @@ impl Driver {
                 // next wait, so neither can pile up past `node_timeout`.
                 budget.expire();
             }
-            if active.round.has_unstamped() {
-                active.round.stamp(Instant::now());
-            }
+            let stamped = stamp(active.round);
             if let Some(w) = watcher {
-                w.batch(active.round);
+                w.batch(active.round, stamped);
             }
             if alarm.is_some() {
                 ring(alarm);
@@ -407,6 +403,19 @@ impl Waits {
         engine.release_held(net, active, now);
         budget.expire();
         woke
+    }
+}
+
+/// After a batch of replies: stamps the decisions it took with one clock reading, which
+/// it returns (`None`: none taken, the clock not read).
+#[inline(always)]
+fn stamp(round: &mut Round) -> Option<Instant> {
+    if round.has_unstamped() {
+        let now = Instant::now();
+        round.stamp(now);
+        Some(now)
+    } else {
+        None
     }
 }
 
