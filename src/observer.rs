@@ -639,16 +639,26 @@ pub enum NodeChange<'a> {
 
 /// The observer a [`Builder`](crate::Builder) was given, as [`Settings`](crate::Settings)
 /// keep it.
-#[derive(Clone)]
-pub(crate) struct Attached(Arc<dyn Observer>);
+///
+/// Asserted unwind-safe, so that a builder and settings stay `UnwindSafe` and
+/// `RefUnwindSafe` with an observer as without: the client calls an observer only through
+/// `&`, each call behind `catch_unwind` (see `deliver`), and a builder or settings never
+/// call it at all.
+pub(crate) struct Attached(AssertUnwindSafe<Arc<dyn Observer>>);
 
 impl Attached {
     pub(crate) fn new(observer: impl Observer) -> Attached {
-        Attached(Arc::new(observer))
+        Attached(AssertUnwindSafe(Arc::new(observer)))
     }
 
     pub(crate) fn get(&self) -> Arc<dyn Observer> {
         Arc::clone(&self.0)
+    }
+}
+
+impl Clone for Attached {
+    fn clone(&self) -> Attached {
+        Attached(AssertUnwindSafe(self.get()))
     }
 }
 

@@ -741,3 +741,17 @@ fn a_shared_client_called_from_its_observer_refuses_instead_of_deadlocking() {
     // Break the cycle (observer → client → observer) so the loop can end.
     obs.client.lock().unwrap().take();
 }
+
+#[test]
+fn a_builder_and_its_settings_stay_unwind_safe_with_an_observer() {
+    // As they are without one: an observer is `Send + Sync`, and only ever called behind
+    // `catch_unwind`.
+    fn unwind_safe<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe + Send + Sync>(_: &T) {}
+    let builder = Redlock::builder()
+        .nodes(["redis://127.0.0.1:1"])
+        .observer(Recorder::default());
+    unwind_safe(&builder);
+    unwind_safe(&builder.clone());
+    let settings: Option<&quorumlock::Settings> = None;
+    unwind_safe(&settings);
+}
