@@ -325,11 +325,12 @@ impl Session {
         // never answers PING (a silent service, a frozen server) has not connected.
         let connecting = self.state == State::Connecting || self.handshaking();
         // A handshaking connection that carries a lock write is kept (see `owed_until`);
-        // one still in TCP connect has written nothing yet.
+        // one still in TCP connect (or in its TLS handshake) has written nothing yet: what
+        // is queued waits in the outbox until the connection is established.
         connecting
             && self.state != State::Down
             && now.saturating_duration_since(self.connect_started) > connect_timeout
-            && !self.holds_live_write(now)
+            && (self.state == State::Connecting || !self.holds_live_write(now))
     }
 
     /// A connection was opened at `now`: the handshake goes first in the outbox, and

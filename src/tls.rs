@@ -1,0 +1,383 @@
+//! TLS for `rediss://` nodes (feature `tls`): the client configuration built from the
+//! [`Builder`](crate::Builder)'s TLS settings, and one connection's TLS state driven
+//! sans-I/O over the driver's non-blocking socket.
+//!
+//! # Invariants
+//!
+//! - rustls never does I/O by itself: [`TlsConn`] moves bytes between it and the socket
+//!   with `read_tls` / `process_new_packets` / `write_tls`, and returns as soon as the
+//!   socket would block, so one slow or silent node never holds up the event loop.
+//! - Edge-triggered readiness: a read that reports less than the caller's buffer has
+//!   read the socket until it would block and handed over every byte of plaintext
+//!   rustls held; a handshake step likewise reads and writes until the socket blocks.
+//!   No readiness edge is needed for bytes already taken in.
+//! - Written plaintext is accepted only while no earlier TLS record waits for the
+//!   socket, and at most [`BUFFER_LIMIT`] of it at once: what the socket cannot take
+//!   stays in the engine's outbox (bounded there, and known to `writes_pending`), and
+//!   the records rustls still holds are flushed on the next readable or writable event
+//!   ([`TlsConn::flush`]).
+//! - Nothing from the network can panic: every rustls error becomes a
+//!   [`NodeError::Tls`] that says what failed.
+
+use crate::error::{ConfigError, NodeError};
+use mio::net::TcpStream;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, RootCertStore};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The most TLS records (and plaintext before the handshake) a connection holds unsent.
+pub(crate) const BUFFER_LIMIT: usize = 64 * 1024;
+
+/// Where the platform's CA bundle is looked for when `SSL_CERT_FILE` is not set, in
+/// order: Debian/Ubuntu (and Alpine with `ca-certificates`), RHEL/Fedora/CentOS,
+/// openSUSE, Alpine/macOS/BSD.
+pub(crate) const PLATFORM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// The TLS settings of a [`Builder`](crate::Builder), as given (files are read when the
+/// settings are checked).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TlsOptions {
+    pub ca_file: Option<PathBuf>,
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    pub skip_verification: bool,
+}
+
+/// The crypto provider: ring (see the README's TLS section for why).
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+impl TlsOptions {
+    /// The client configuration for these settings: reads the CA and client
+    /// certificate files. A problem is a [`ConfigError`] naming the setting.
+    pub fn client_config(&self) -> Result<Arc<ClientConfig>, ConfigError> {
+        let provider = provider();
+        let builder = ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ConfigError::new("tls", "", e.to_string()))?;
+        let builder = if self.skip_verification {
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
+        } else {
+            builder.with_root_certificates(self.roots()?)
+        };
+        let mut config = match &self.client_cert {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => {
+                let shown = format!("{}, {}", cert.display(), key.display());
+                let bad = |problem: String| ConfigError::new("tls_client_cert", &shown, problem);
+                let chain = read_certs(cert).map_err(&bad)?;
+                let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                    bad(format!("cannot read a private key from the key file: {e}"))
+                })?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| bad(format!("the key does not fit the certificate: {e}")))?
+            }
+        };
+        // Redis speaks no ALPN; keep the defaults otherwise.
+        config.enable_sni = true;
+        Ok(Arc::new(config))
+    }
+
+    /// The trust roots: the platform's bundle (`SSL_CERT_FILE`, else the first of
+    /// [`PLATFORM_BUNDLES`] that exists), plus every certificate of `ca_file`.
+    fn roots(&self) -> Result<RootCertStore, ConfigError> {
+        let mut roots = RootCertStore::empty();
+        let platform = std::env::var_os("SSL_CERT_FILE")
+            .map(PathBuf::from)
+            .or_else(|| {
+                PLATFORM_BUNDLES
+                    .iter()
+                    .map(PathBuf::from)
+                    .find(|p| p.is_file())
+            });
+        if let Some(path) = &platform {
+            // A bundle may hold the odd certificate webpki cannot use: skip those.
+            if let Ok(certs) = CertificateDer::pem_file_iter(path) {
+                roots.add_parsable_certificates(certs.filter_map(Result::ok));
+            }
+        }
+        if let Some(ca) = &self.ca_file {
+            let bad = |problem: String| {
+                ConfigError::new("tls_ca_file", ca.display().to_string(), problem)
+            };
+            for cert in read_certs(ca).map_err(bad)? {
+                roots
+                    .add(cert)
+                    .map_err(|e| bad(format!("not a usable CA certificate: {e}")))?;
+            }
+        }
+        if roots.is_empty() {
+            return Err(ConfigError::new(
+                "tls_ca_file",
+                "(not set)",
+                format!(
+                    "no trust roots: set tls_ca_file, or SSL_CERT_FILE, or install the \
+                     platform's CA bundle (looked for {})",
+                    PLATFORM_BUNDLES.join(", ")
+                ),
+            ));
+        }
+        Ok(roots)
+    }
+}
+
+/// Every certificate of a PEM file; at least one.
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read it: {e}"))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("not a PEM certificate file: {e}"))?;
+    if certs.is_empty() {
+        return Err("no PEM certificate in it".into());
+    }
+    Ok(certs)
+}
+
+/// The SNI and verified name of a `rediss://` host.
+pub(crate) fn server_name(host: &str) -> Result<ServerName<'static>, String> {
+    ServerName::try_from(host.to_string())
+        .map_err(|e| format!("{host:?} is not a valid TLS server name: {e}"))
+}
+
+/// Accepts any server certificate (still checking the handshake's signatures):
+/// [`Builder::dangerous_skip_tls_verification`](crate::Builder::dangerous_skip_tls_verification).
+#[derive(Debug)]
+struct NoVerification(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// What failed, for a person: a rustls error met while `handshaking` or after.
+pub(crate) fn describe(e: &rustls::Error, handshaking: bool) -> NodeError {
+    use rustls::{AlertDescription as A, Error as E};
+    let why = match e {
+        E::InvalidCertificate(_) => format!(
+            "the server's certificate was refused ({e}): is tls_ca_file the CA that \
+             signed it, and is the URL's host in it?"
+        ),
+        E::AlertReceived(A::CertificateRequired) => format!(
+            "the server refused the session ({e}): it requires a client certificate \
+             (Builder::tls_client_cert)"
+        ),
+        E::AlertReceived(
+            a @ (A::BadCertificate | A::UnknownCA | A::CertificateUnknown | A::AccessDenied),
+        ) => format!(
+            "the server refused our client certificate (alert {a:?}): is it signed by a \
+             CA the server trusts?"
+        ),
+        E::AlertReceived(_) => format!("the server ended the session ({e})"),
+        E::InvalidMessage(_) | E::InappropriateMessage { .. } if handshaking => format!(
+            "the node's answer is not TLS ({e}): does it speak TLS on this port (a plain \
+             Redis port on a rediss:// URL)?"
+        ),
+        _ => e.to_string(),
+    };
+    let when = if handshaking {
+        "TLS handshake failed"
+    } else {
+        "TLS error"
+    };
+    NodeError::Tls(format!("{when}: {why}"))
+}
+
+/// An `io::Error` from a blocking rustls stream: the rustls error inside, if any,
+/// described as [`describe`] does.
+pub(crate) fn from_io(e: io::Error, handshaking: bool) -> NodeError {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(tls) => describe(tls, handshaking),
+        None => NodeError::from(e),
+    }
+}
+
+/// One TLS connection over a non-blocking socket.
+pub(crate) struct TlsConn {
+    pub tcp: TcpStream,
+    conn: ClientConnection,
+}
+
+impl TlsConn {
+    pub fn new(
+        tcp: TcpStream,
+        config: Arc<ClientConfig>,
+        name: ServerName<'static>,
+    ) -> io::Result<TlsConn> {
+        let mut conn = ClientConnection::new(config, name).map_err(io::Error::other)?;
+        conn.set_buffer_limit(Some(BUFFER_LIMIT));
+        Ok(TlsConn { tcp, conn })
+    }
+
+    /// Whether TLS records wait for the socket.
+    pub fn holds_unsent(&self) -> bool {
+        self.conn.wants_write()
+    }
+
+    /// Writes the TLS records rustls holds until none is left or the socket blocks.
+    pub fn flush(&mut self) -> Result<(), NodeError> {
+        while self.conn.wants_write() {
+            match self.conn.write_tls(&mut self.tcp) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero).into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Processes the records just read; on an error, tries to send rustls' alert.
+    fn process(&mut self) -> Result<(), NodeError> {
+        let handshaking = self.conn.is_handshaking();
+        match self.conn.process_new_packets() {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let _ = self.flush();
+                Err(describe(&e, handshaking))
+            }
+        }
+    }
+
+    /// Drives the handshake as far as the socket allows: `Ok(true)` once it is done.
+    pub fn handshake(&mut self) -> Result<bool, NodeError> {
+        loop {
+            self.flush()?;
+            if !self.conn.is_handshaking() {
+                return Ok(true);
+            }
+            match self.conn.read_tls(&mut self.tcp) {
+                Ok(0) => {
+                    return Err(NodeError::Tls(
+                        "TLS handshake failed: the node closed the connection without \
+                         answering it: does it speak TLS on this port?"
+                            .into(),
+                    ));
+                }
+                Ok(_) => self.process()?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Whether the TLS handshake is still going on.
+    pub fn handshaking(&self) -> bool {
+        self.conn.is_handshaking()
+    }
+
+    /// Takes as much of `bytes` as the socket takes, encrypted: nothing while earlier
+    /// records wait for the socket, and at most [`BUFFER_LIMIT`] more than the socket
+    /// took (the records left over go out with the next [`TlsConn::flush`]).
+    pub fn write(&mut self, bytes: &[u8]) -> Result<usize, NodeError> {
+        let mut taken = 0;
+        loop {
+            self.flush()?;
+            if taken == bytes.len() || self.conn.wants_write() {
+                return Ok(taken);
+            }
+            match self.conn.writer().write(&bytes[taken..])? {
+                0 => return Ok(taken),
+                n => taken += n,
+            }
+        }
+    }
+
+    /// Reads plaintext into `buf`: `Ok(Some(n))` with `n > 0`, `Ok(None)` when nothing
+    /// is there now (the socket would block), `Ok(Some(0))` when the peer closed. A
+    /// result shorter than `buf` means the socket was read until it would block.
+    pub fn read(&mut self, buf: &mut [u8]) -> Result<Option<usize>, NodeError> {
+        // Records held back by a full socket go first: a readable event may be the only
+        // one that comes.
+        self.flush()?;
+        let mut filled = 0;
+        loop {
+            match self.conn.reader().read(&mut buf[filled..]) {
+                Ok(0) if filled < buf.len() => {
+                    // close_notify: a clean end.
+                    return Ok(Some(filled));
+                }
+                Ok(n) => {
+                    filled += n;
+                    if filled == buf.len() {
+                        return Ok(Some(filled));
+                    }
+                    continue;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                // The socket ended without close_notify (Redis closing a connection):
+                // the engine treats it as any closed connection.
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(Some(filled)),
+                Err(e) => return Err(e.into()),
+            }
+            match self.conn.read_tls(&mut self.tcp) {
+                // Seen by the reader above on the next turn.
+                Ok(_) => self.process()?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Ok(if filled > 0 { Some(filled) } else { None });
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+            // A key update or alert answered by rustls.
+            self.flush()?;
+        }
+    }
+}
