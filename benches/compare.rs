@@ -26,6 +26,10 @@
 //! reference the quorum floor whose lost attempt waits for its delete. Successful locks
 //! per second, and quorumlock's over the quorum floor's.
 //!
+//! Built with the `tls` feature (`cargo bench --bench compare --features tls`), the latency
+//! table has one more row, interleaved with the others: quorumlock over TLS on 5 more
+//! nodes that listen with `--tls-port` only (certificates made at start-up).
+//!
 //! `--count-mode ROW N` runs only `ROW` (`floor`, `floor-quorum`, `quorumlock`, ...) for N cycles after a
 //! fixed warm-up, against the nodes in `COMPARE_PORTS` (comma-separated; started by
 //! `scripts/bench-counts.sh`, so they are not traced) or, if unset, 5 nodes it starts
@@ -394,10 +398,11 @@ struct Quorumlock {
 
 impl Quorumlock {
     fn new(urls: &[String], key: &str) -> Quorumlock {
-        let mut rl = Redlock::builder()
-            .nodes(urls)
-            .build()
-            .expect("quorumlock client");
+        Quorumlock::with(Redlock::builder().nodes(urls), key)
+    }
+
+    fn with(builder: quorumlock::Builder, key: &str) -> Quorumlock {
+        let mut rl = builder.build().expect("quorumlock client");
         // Connections open in the background: wait for the first full cycle.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -956,7 +961,8 @@ fn full(cfg: &Config) {
     load_script(&ports);
     load_script(&ports_of(&frozen));
 
-    let names = [
+    #[cfg_attr(not(feature = "tls"), allow(unused_mut, clippy::useless_vec))]
+    let mut names = vec![
         "floor",
         "floor, quorum (returns at 3 of 5)",
         "sequential",
@@ -973,6 +979,22 @@ fn full(cfg: &Config) {
         Box::new(Quorumlock::new(&urls, "cmp:ql")),
         Box::new(Quorumlock::new(&frozen.urls(), "cmp:ql-frozen")),
     ];
+    // With the `tls` feature: quorumlock over TLS (`rediss://`, 5 more nodes with
+    // `--tls-port` only, certificates made here), interleaved with the plain rows.
+    #[cfg(feature = "tls")]
+    let _tls = {
+        let certs = common::tls::Certs::new();
+        let nodes: Vec<common::tls::TlsNode> = (0..NODES)
+            .map(|_| common::tls::TlsNode::start(&certs, false))
+            .collect();
+        let urls: Vec<String> = nodes.iter().map(common::tls::TlsNode::url).collect();
+        let builder = Redlock::builder()
+            .nodes(&urls)
+            .tls_ca_file(certs.path("ca.crt"));
+        names.push("quorumlock, TLS (rediss://)");
+        rows.push(Box::new(Quorumlock::with(builder, "cmp:ql-tls")));
+        (certs, nodes)
+    };
     let warmup = (cfg.iters / 10).clamp(100, 2000);
     eprintln!("warm-up: {warmup} interleaved cycles");
     for _ in 0..warmup {

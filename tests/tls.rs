@@ -6,133 +6,11 @@
 
 mod common;
 
-use common::{Cluster, NodeOptions, free_port, wait_until};
+use common::tls::{Certs, TlsNode};
+use common::{Cluster, wait_until};
 use quorumlock::{Builder, Error, Outcome, Redlock};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-
-/// A CA, a server and a client certificate signed by it, and another CA, as PEM files
-/// in a directory of their own (removed on drop).
-struct Certs {
-    dir: PathBuf,
-}
-
-impl Certs {
-    fn new() -> Certs {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("quorumlock-test-certs-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let write = |name: &str, pem: String| std::fs::write(dir.join(name), pem).unwrap();
-
-        let ca = |name: &str| {
-            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-            p.distinguished_name.push(DnType::CommonName, name);
-            p.key_usages = vec![
-                KeyUsagePurpose::KeyCertSign,
-                KeyUsagePurpose::CrlSign,
-                KeyUsagePurpose::DigitalSignature,
-            ];
-            let key = KeyPair::generate().unwrap();
-            let cert = p.self_signed(&key).unwrap();
-            (cert, Issuer::new(p, key))
-        };
-        let (ca_cert, issuer) = ca("quorumlock test CA");
-        write("ca.crt", ca_cert.pem());
-        let (other_ca, _) = ca("some other CA");
-        write("other-ca.crt", other_ca.pem());
-
-        let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose, file: &str| {
-            let mut p = CertificateParams::new(names).unwrap();
-            p.distinguished_name.push(DnType::CommonName, file);
-            p.extended_key_usages = vec![usage];
-            p.use_authority_key_identifier_extension = true;
-            let key = KeyPair::generate().unwrap();
-            let cert = p.signed_by(&key, &issuer).unwrap();
-            write(&format!("{file}.crt"), cert.pem());
-            write(&format!("{file}.key"), key.serialize_pem());
-        };
-        leaf(
-            vec!["127.0.0.1".into(), "localhost".into()],
-            ExtendedKeyUsagePurpose::ServerAuth,
-            "server",
-        );
-        leaf(
-            vec!["quorumlock-client".into()],
-            ExtendedKeyUsagePurpose::ClientAuth,
-            "client",
-        );
-        Certs { dir }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-}
-
-impl Drop for Certs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// One `redis-server` with TLS only on a free port: the cluster (one node, killed on
-/// drop) and its `rediss://` URL.
-struct TlsNode {
-    cluster: Cluster,
-    port: u16,
-}
-
-impl TlsNode {
-    fn start(certs: &Certs, auth_clients: bool) -> TlsNode {
-        let p = |name: &str| certs.path(name).display().to_string();
-        let mut last = None;
-        // The port is picked before the server binds it: another process may take it
-        // first (the server then fails to start), so a few tries.
-        for _ in 0..4 {
-            let port = free_port();
-            let opts = NodeOptions {
-                unix_socket: true,
-                extra_args: vec![
-                    "--tls-port".into(),
-                    port.to_string(),
-                    "--tls-cert-file".into(),
-                    p("server.crt"),
-                    "--tls-key-file".into(),
-                    p("server.key"),
-                    "--tls-ca-cert-file".into(),
-                    p("ca.crt"),
-                    "--tls-auth-clients".into(),
-                    if auth_clients { "yes" } else { "no" }.into(),
-                ],
-                ..Default::default()
-            };
-            match std::panic::catch_unwind(|| Cluster::start_with(1, &opts)) {
-                Ok(cluster) => return TlsNode { cluster, port },
-                Err(e) => last = Some(e),
-            }
-        }
-        std::panic::resume_unwind(last.unwrap())
-    }
-
-    fn url(&self) -> String {
-        format!("rediss://127.0.0.1:{}", self.port)
-    }
-
-    fn holds(&self, key: &str) -> bool {
-        self.cluster.node(0).admin().exists(key)
-    }
-
-    fn pttl(&self, key: &str) -> i64 {
-        self.cluster.node(0).admin().pttl(key)
-    }
-}
 
 fn tls_nodes(certs: &Certs, n: usize, auth_clients: bool) -> Vec<TlsNode> {
     (0..n)
@@ -461,4 +339,38 @@ fn listeners(node: &TlsNode, key: &str) -> i64 {
         .and_then(|a| a.get(1))
         .and_then(|r| r.as_int())
         .unwrap_or(0)
+}
+
+#[test]
+fn the_command_line_tool_takes_its_tls_settings_from_the_environment() {
+    let (certs, nodes) = setup(3, true);
+    let run = |env: &[(&str, PathBuf)], action: &str| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_quorumlock"));
+        cmd.env("QUORUMLOCK_NODES", urls(&nodes).join(","))
+            .env_remove("QUORUMLOCK_TLS_CA_FILE")
+            .env_remove("QUORUMLOCK_TLS_CERT")
+            .env_remove("QUORUMLOCK_TLS_KEY")
+            .args(["--timeout", "2s", action, "tls:cli"]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    let all = [
+        ("QUORUMLOCK_TLS_CA_FILE", certs.path("ca.crt")),
+        ("QUORUMLOCK_TLS_CERT", certs.path("client.crt")),
+        ("QUORUMLOCK_TLS_KEY", certs.path("client.key")),
+    ];
+    let out = run(&all, "try");
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    let out = run(&all, "status");
+    assert!(out.status.code().is_some_and(|c| c <= 1), "{out:?}");
+    // A certificate without its key is a usage error.
+    let out = run(&all[..2], "try");
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("QUORUMLOCK_TLS_KEY"));
+    // Without the client certificate, every node refuses.
+    let out = run(&all[..1], "try");
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
 }
