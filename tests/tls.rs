@@ -50,10 +50,7 @@ fn lock_soon(rl: &mut Redlock, key: &str, within: Duration) -> quorumlock::Lock 
     loop {
         match rl.lock(key, Duration::from_secs(30)) {
             Ok(lock) => return lock,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => panic!("no lock within {within:?}: {e}"),
         }
     }
