@@ -61,6 +61,21 @@ impl TlsOptions {
     /// The client configuration for these settings: reads the CA and client
     /// certificate files. A problem is a [`ConfigError`] naming the setting.
     pub fn client_config(&self) -> Result<Arc<ClientConfig>, ConfigError> {
+        // The client certificate first: its problems are named whatever the roots.
+        let client = match &self.client_cert {
+            None => None,
+            Some((cert, key)) => {
+                let shown = format!("{}, {}", cert.display(), key.display());
+                let bad = move |problem: String| {
+                    ConfigError::new("tls_client_cert", shown.clone(), problem)
+                };
+                let chain = read_certs(cert).map_err(&bad)?;
+                let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                    bad(format!("cannot read a private key from the key file: {e}"))
+                })?;
+                Some((chain, key, bad))
+            }
+        };
         let provider = provider();
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -72,19 +87,11 @@ impl TlsOptions {
         } else {
             builder.with_root_certificates(self.roots()?)
         };
-        let mut config = match &self.client_cert {
+        let mut config = match client {
             None => builder.with_no_client_auth(),
-            Some((cert, key)) => {
-                let shown = format!("{}, {}", cert.display(), key.display());
-                let bad = |problem: String| ConfigError::new("tls_client_cert", &shown, problem);
-                let chain = read_certs(cert).map_err(&bad)?;
-                let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                    bad(format!("cannot read a private key from the key file: {e}"))
-                })?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| bad(format!("the key does not fit the certificate: {e}")))?
-            }
+            Some((chain, key, bad)) => builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| bad(format!("the key does not fit the certificate: {e}")))?,
         };
         // Redis speaks no ALPN; keep the defaults otherwise.
         config.enable_sni = true;
@@ -123,11 +130,18 @@ impl TlsOptions {
             return Err(ConfigError::new(
                 "tls_ca_file",
                 "(not set)",
-                format!(
-                    "no trust roots: set tls_ca_file, or SSL_CERT_FILE, or install the \
-                     platform's CA bundle (looked for {})",
-                    PLATFORM_BUNDLES.join(", ")
-                ),
+                match &platform {
+                    Some(path) => format!(
+                        "no trust roots: the CA bundle {} gave no usable certificate, and \
+                         tls_ca_file is not set",
+                        path.display()
+                    ),
+                    None => format!(
+                        "no trust roots: set tls_ca_file, or SSL_CERT_FILE, or install the \
+                         platform's CA bundle (looked for {})",
+                        PLATFORM_BUNDLES.join(", ")
+                    ),
+                },
             ));
         }
         Ok(roots)
