@@ -134,6 +134,42 @@ fn lock_extend_unlock_over_tls() {
 }
 
 #[test]
+fn password_and_db_go_over_tls_after_the_handshake() {
+    let certs = Certs::new();
+    let opts = common::NodeOptions::with_acl_user("alice", "wonder/land");
+    let nodes: Vec<TlsNode> = (0..3)
+        .map(|_| TlsNode::start_with(&certs, false, &opts))
+        .collect();
+    let urls: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("rediss://alice:wonder%2Fland@127.0.0.1:{}/3", n.port))
+        .collect();
+    let mut rl = trusting(&certs, &urls).build().unwrap();
+    assert!(
+        rl.settings()
+            .nodes
+            .iter()
+            .all(|e| e.db() == 3 && e.is_tls())
+    );
+    let lock = lock_soon(&mut rl, "tls:db3", Duration::from_secs(20));
+    for n in &nodes {
+        let mut admin = n.cluster.node(0).admin();
+        assert!(!admin.exists("tls:db3"), "db 0 holds nothing");
+        assert!(admin.cmd(&["SELECT", "3"]).is_ok());
+        assert!(admin.exists("tls:db3"), "the lock is in db 3");
+    }
+    rl.unlock(&lock).unwrap();
+    // A wrong password is refused after the TLS handshake, as over TCP.
+    let wrong: Vec<String> = urls
+        .iter()
+        .map(|u| u.replace("wonder%2Fland", "nope"))
+        .collect();
+    let mut rl = trusting(&certs, &wrong).build().unwrap();
+    let (errors, _) = errors_saying(&mut rl, "AUTH", Duration::from_secs(20));
+    assert!(errors.iter().all(|e| !e.contains("TLS")), "{errors:?}");
+}
+
+#[test]
 fn mutual_tls_with_and_without_a_client_certificate() {
     let (certs, nodes) = setup(3, true);
     let mut rl = trusting(&certs, &urls(&nodes))

@@ -7,6 +7,11 @@
 //! - `streams[node]` is registered with the driver's `Poll` under `Token(base + node)`, for
 //!   both readiness kinds, for as long as it is `Some`; a closed one is deregistered
 //!   before it is dropped, so no event of an old socket is read as one of a new one.
+//! - With the `tls` feature, a `rediss://` node's stream is `Stream::Tls` (see
+//!   `crate::tls` for its own invariants): `established` is true only once its TLS
+//!   handshake is done, `read` and `write` carry plaintext, and `flush` writes the records
+//!   a full socket left behind. Its code sits in cold functions: a plain connection pays
+//!   one more match arm, never taken.
 
 use crate::config::{Address, Endpoint, Settings};
 use crate::core::engine::{Received, Transport};

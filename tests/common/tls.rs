@@ -84,6 +84,12 @@ pub struct TlsNode {
 
 impl TlsNode {
     pub fn start(certs: &Certs, auth_clients: bool) -> TlsNode {
+        TlsNode::start_with(certs, auth_clients, &NodeOptions::default())
+    }
+
+    /// [`TlsNode::start`] with more options (a password, an ACL user); the node listens
+    /// on a Unix socket for the harness whatever `base` says.
+    pub fn start_with(certs: &Certs, auth_clients: bool, base: &NodeOptions) -> TlsNode {
         let p = |name: &str| certs.path(name).display().to_string();
         let mut last = None;
         // The port is picked before the server binds it: another process may take it
@@ -104,7 +110,7 @@ impl TlsNode {
                     "--tls-auth-clients".into(),
                     if auth_clients { "yes" } else { "no" }.into(),
                 ],
-                ..Default::default()
+                ..base.clone()
             };
             match std::panic::catch_unwind(|| Cluster::start_with(1, &opts)) {
                 Ok(cluster) => return TlsNode { cluster, port },
