@@ -943,6 +943,21 @@ mod tests {
     }
 
     #[test]
+    fn a_connection_not_yet_established_expires_whatever_it_queued() {
+        // Still in TCP connect (or its TLS handshake): the SET queued behind the login
+        // waits in the outbox, unwritten, so nothing can apply it later.
+        let t0 = base();
+        let ms = Duration::from_millis;
+        let mut s = Session::new(Login::default(), t0);
+        s.opened(t0);
+        s.enqueue(command_expect(1, Phase::Acquire, t0), 1).unwrap();
+        s.note_write(Some(t0 + ms(5000)));
+        assert_eq!(s.state, State::Connecting);
+        assert!(!s.connect_expired(t0 + ms(999), ms(1000)));
+        assert!(s.connect_expired(t0 + ms(1001), ms(1000)));
+    }
+
+    #[test]
     fn backlogs_are_bounded() {
         let now = base();
         let mut s = Session::new(Login::default(), now);
