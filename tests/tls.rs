@@ -407,3 +407,44 @@ fn the_command_line_tool_takes_its_tls_settings_from_the_environment() {
     let out = run(&all[..1], "try");
     assert_eq!(out.status.code(), Some(69), "{out:?}");
 }
+
+#[test]
+fn a_frozen_tls_node_costs_nothing_and_a_restarted_one_rejoins() {
+    let (certs, nodes) = setup(3, false);
+    let mut rl = trusting(&certs, &urls(&nodes)).build().unwrap();
+    let lock = lock_soon(&mut rl, "tls:faults", Duration::from_secs(20));
+    rl.unlock(&lock).unwrap();
+
+    // Frozen (SIGSTOP): the other two are a majority; the round decides without it.
+    nodes[2].cluster.node(0).freeze();
+    let start = Instant::now();
+    let lock = rl.lock("tls:faults", Duration::from_secs(30)).unwrap();
+    assert!(
+        start.elapsed() < Duration::from_millis(450),
+        "decided at the quorum"
+    );
+    assert!(nodes[..2].iter().all(|n| n.holds("tls:faults")));
+    rl.unlock(&lock).unwrap();
+    nodes[2].cluster.node(0).thaw();
+
+    // Restarted (SIGKILL, a fresh process on the same port): a new TLS connection, and
+    // the node holds the next lock.
+    nodes[1].cluster.node(0).kill();
+    nodes[1].cluster.node(0).restart();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let lock = lock_soon(&mut rl, "tls:faults:after", Duration::from_secs(20));
+        let everywhere = nodes.iter().all(|n| n.holds("tls:faults:after"));
+        rl.unlock(&lock).unwrap();
+        if everywhere {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted node never held a lock again"
+        );
+        assert!(wait_until(Duration::from_secs(10), || {
+            nodes.iter().all(|n| !n.holds("tls:faults:after"))
+        }));
+    }
+}
