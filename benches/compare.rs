@@ -28,7 +28,9 @@
 //!
 //! Built with the `tls` feature (`cargo bench --bench compare --features tls`), the latency
 //! table has one more row, interleaved with the others: quorumlock over TLS on 5 more
-//! nodes that listen with `--tls-port` only (certificates made at start-up).
+//! nodes that listen with `--tls-port` only (certificates made at start-up), and
+//! `--count-mode quorumlock-tls N` counts it (on nodes it starts itself: under
+//! `strace -f` their system calls would count too, so take only its instructions).
 //!
 //! `--count-mode ROW N` runs only `ROW` (`floor`, `floor-quorum`, `quorumlock`, ...) for N cycles after a
 //! fixed warm-up, against the nodes in `COMPARE_PORTS` (comma-separated; started by
@@ -463,6 +465,25 @@ impl Row for Quorumlock {
     fn buffered(&self) -> Option<usize> {
         Some(self.rl.buffered_bytes())
     }
+}
+
+/// The TLS nodes of a run and their certificates (dropped at its end).
+#[cfg(feature = "tls")]
+type TlsNodes = Option<(common::tls::Certs, Vec<common::tls::TlsNode>)>;
+
+/// quorumlock over TLS: 5 nodes that listen with `--tls-port` only, started into `keep`.
+#[cfg(feature = "tls")]
+fn tls_row(keep: &mut TlsNodes, key: &str) -> Quorumlock {
+    let certs = common::tls::Certs::new();
+    let nodes: Vec<common::tls::TlsNode> = (0..NODES)
+        .map(|_| common::tls::TlsNode::start(&certs, false))
+        .collect();
+    let urls: Vec<String> = nodes.iter().map(common::tls::TlsNode::url).collect();
+    let builder = Redlock::builder()
+        .nodes(&urls)
+        .tls_ca_file(certs.path("ca.crt"));
+    *keep = Some((certs, nodes));
+    Quorumlock::with(builder, key)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -982,19 +1003,12 @@ fn full(cfg: &Config) {
     // With the `tls` feature: quorumlock over TLS (`rediss://`, 5 more nodes with
     // `--tls-port` only, certificates made here), interleaved with the plain rows.
     #[cfg(feature = "tls")]
-    let _tls = {
-        let certs = common::tls::Certs::new();
-        let nodes: Vec<common::tls::TlsNode> = (0..NODES)
-            .map(|_| common::tls::TlsNode::start(&certs, false))
-            .collect();
-        let urls: Vec<String> = nodes.iter().map(common::tls::TlsNode::url).collect();
-        let builder = Redlock::builder()
-            .nodes(&urls)
-            .tls_ca_file(certs.path("ca.crt"));
+    let mut tls_nodes = None;
+    #[cfg(feature = "tls")]
+    {
         names.push("quorumlock, TLS (rediss://)");
-        rows.push(Box::new(Quorumlock::with(builder, "cmp:ql-tls")));
-        (certs, nodes)
-    };
+        rows.push(Box::new(tls_row(&mut tls_nodes, "cmp:ql-tls")));
+    }
     let warmup = (cfg.iters / 10).clamp(100, 2000);
     eprintln!("warm-up: {warmup} interleaved cycles");
     for _ in 0..warmup {
@@ -1259,6 +1273,9 @@ fn full(cfg: &Config) {
 /// slow cycles and client buffers are reported).
 fn count_mode(row: &str, n: usize) {
     let mut own: Option<Cluster> = None;
+    // The TLS row's own nodes (and certificates), kept until the end.
+    #[cfg(feature = "tls")]
+    let mut tls_nodes = None;
     let ports: Vec<u16> = match std::env::var("COMPARE_PORTS") {
         Ok(list) if row != "quorumlock-frozen" => list
             .split(',')
@@ -1276,9 +1293,12 @@ fn count_mode(row: &str, n: usize) {
         "floor-quorum" => Box::new(Floor::with_quorum(&ports, "cnt:floor-q", NODES / 2 + 1)),
         "sequential" => Box::new(Sequential::new(&ports, "cnt:seq")),
         "quorumlock" | "quorumlock-frozen" => Box::new(Quorumlock::new(&urls_of(&ports), "cnt:ql")),
+        #[cfg(feature = "tls")]
+        "quorumlock-tls" => Box::new(tls_row(&mut tls_nodes, "cnt:ql-tls")),
         other => panic!(
             "--count-mode: unknown row {other:?} \
-             (floor|floor-quorum|sequential|quorumlock|quorumlock-frozen)"
+             (floor|floor-quorum|sequential|quorumlock|quorumlock-frozen, and with the tls \
+             feature quorumlock-tls)"
         ),
     };
     for _ in 0..COUNT_WARMUP {

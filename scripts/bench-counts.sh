@@ -18,6 +18,8 @@
 # Usage: scripts/bench-counts.sh            (N1=2000, N2=4000, REPEAT=3)
 #        N1=500 N2=1000 REPEAT=1 scripts/bench-counts.sh
 #        FEATURES=tls scripts/bench-counts.sh   (the same plain-TCP rows, built with `tls`)
+#        FEATURES=tls ROWS=quorumlock-tls scripts/bench-counts.sh   (over TLS, on nodes the
+#            client starts itself: its syscall figure includes theirs; read instructions)
 set -euo pipefail
 
 N1=${N1:-2000}

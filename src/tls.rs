@@ -8,9 +8,11 @@
 //!   with `read_tls` / `process_new_packets` / `write_tls`, and returns as soon as the
 //!   socket would block, so one slow or silent node never holds up the event loop.
 //! - Edge-triggered readiness: a read that reports less than the caller's buffer has
-//!   read the socket until it would block and handed over every byte of plaintext
-//!   rustls held; a handshake step likewise reads and writes until the socket blocks.
-//!   No readiness edge is needed for bytes already taken in.
+//!   handed over every byte of plaintext rustls held and drained the socket: read it
+//!   until it would block, or until a read came back short (the socket had nothing
+//!   more then, as the engine assumes of a plain socket's short read; a later byte
+//!   raises a new edge). A handshake step reads and writes until the socket blocks. No
+//!   readiness edge is needed for bytes already taken in.
 //! - Written plaintext is accepted only while no earlier TLS record waits for the
 //!   socket, and at most [`BUFFER_LIMIT`] of it at once: what the socket cannot take
 //!   stays in the engine's outbox (bounded there, and known to `writes_pending`), and
@@ -261,6 +263,20 @@ pub(crate) fn from_io(e: io::Error, handshaking: bool) -> NodeError {
     }
 }
 
+/// The socket as rustls reads it, noting whether the last read came back short.
+struct Tracked<'a> {
+    tcp: &'a mut TcpStream,
+    short: bool,
+}
+
+impl Read for Tracked<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.tcp.read(buf)?;
+        self.short = n < buf.len();
+        Ok(n)
+    }
+}
+
 /// One TLS connection over a non-blocking socket.
 pub(crate) struct TlsConn {
     pub tcp: TcpStream,
@@ -356,12 +372,17 @@ impl TlsConn {
 
     /// Reads plaintext into `buf`: `Ok(Some(n))` with `n > 0`, `Ok(None)` when nothing
     /// is there now (the socket would block), `Ok(Some(0))` when the peer closed. A
-    /// result shorter than `buf` means the socket was read until it would block.
+    /// result shorter than `buf` means the socket was drained: read until it would
+    /// block, or until a read from it came back short.
     pub fn read(&mut self, buf: &mut [u8]) -> Result<Option<usize>, NodeError> {
         // Records held back by a full socket go first: a readable event may be the only
         // one that comes.
         self.flush()?;
         let mut filled = 0;
+        // Set once a read from the socket came back short: it had nothing more then (as
+        // the engine assumes of a plain socket's short read), so no read that would only
+        // say "would block" is made; a later byte raises a new readiness edge.
+        let mut drained = false;
         loop {
             match self.conn.reader().read(&mut buf[filled..]) {
                 Ok(0) if filled < buf.len() => {
@@ -381,12 +402,21 @@ impl TlsConn {
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(Some(filled)),
                 Err(e) => return Err(e.into()),
             }
-            match self.conn.read_tls(&mut self.tcp) {
-                // Seen by the reader above on the next turn.
-                Ok(_) => self.process()?,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    return Ok(if filled > 0 { Some(filled) } else { None });
+            let nothing_more = Ok(if filled > 0 { Some(filled) } else { None });
+            if drained {
+                return nothing_more;
+            }
+            let mut socket = Tracked {
+                tcp: &mut self.tcp,
+                short: false,
+            };
+            match self.conn.read_tls(&mut socket) {
+                // Seen by the reader above on the next turn (an end too).
+                Ok(_) => {
+                    drained = socket.short;
+                    self.process()?;
                 }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return nothing_more,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.into()),
             }
