@@ -56,6 +56,26 @@ fn lock_soon(rl: &mut Redlock, key: &str, within: Duration) -> quorumlock::Lock 
     }
 }
 
+/// Locks `key` so that every node holds it (`everywhere` says whether they all do): a
+/// lock granted by a majority while one node's handshake was still going is released and
+/// taken again, within 30 s.
+fn lock_everywhere(rl: &mut Redlock, key: &str, everywhere: impl Fn() -> bool) -> quorumlock::Lock {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let lock = lock_soon(rl, key, Duration::from_secs(30));
+        if everywhere() {
+            return lock;
+        }
+        rl.unlock(&lock).unwrap();
+        assert!(Instant::now() < deadline, "never held on every node");
+    }
+}
+
+/// [`lock_everywhere`] on TLS nodes, in db 0.
+fn lock_on(nodes: &[TlsNode], rl: &mut Redlock, key: &str) -> quorumlock::Lock {
+    lock_everywhere(rl, key, || nodes.iter().all(|n| n.holds(key)))
+}
+
 /// Each node's error in a failed call (`None`: it did not fail), in configuration order.
 fn node_errors(e: &Error) -> Vec<Option<String>> {
     e.failure()
@@ -103,9 +123,8 @@ fn errors_saying(rl: &mut Redlock, what: &str, within: Duration) -> (Vec<String>
 fn lock_extend_unlock_over_tls() {
     let (certs, nodes) = setup(3, false);
     let mut rl = trusting(&certs, &urls(&nodes)).build().unwrap();
-    let mut lock = lock_soon(&mut rl, "tls:basic", Duration::from_secs(20));
+    let mut lock = lock_on(&nodes, &mut rl, "tls:basic");
     assert!(lock.is_valid());
-    assert!(nodes.iter().all(|n| n.holds("tls:basic")));
     // Taken: a second client over TLS is refused.
     let mut other = trusting(&certs, &urls(&nodes)).build().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -151,7 +170,13 @@ fn password_and_db_go_over_tls_after_the_handshake() {
             .iter()
             .all(|e| e.db() == 3 && e.is_tls())
     );
-    let lock = lock_soon(&mut rl, "tls:db3", Duration::from_secs(20));
+    let in_db3 = || {
+        nodes.iter().all(|n| {
+            let mut admin = n.cluster.node(0).admin();
+            admin.cmd(&["SELECT", "3"]).is_ok() && admin.exists("tls:db3")
+        })
+    };
+    let lock = lock_everywhere(&mut rl, "tls:db3", in_db3);
     for n in &nodes {
         let mut admin = n.cluster.node(0).admin();
         assert!(!admin.exists("tls:db3"), "db 0 holds nothing");
@@ -176,8 +201,7 @@ fn mutual_tls_with_and_without_a_client_certificate() {
         .tls_client_cert(certs.path("client.crt"), certs.path("client.key"))
         .build()
         .unwrap();
-    let lock = lock_soon(&mut rl, "tls:mutual", Duration::from_secs(20));
-    assert!(nodes.iter().all(|n| n.holds("tls:mutual")));
+    let lock = lock_on(&nodes, &mut rl, "tls:mutual");
     rl.unlock(&lock).unwrap();
 
     // Without one, every node says it wanted a client certificate.
@@ -278,9 +302,9 @@ fn tls_and_plain_nodes_mix() {
     let mut all = urls(&tls);
     all.push(plain.url(0));
     let mut rl = trusting(&certs, &all).build().unwrap();
-    let mut lock = lock_soon(&mut rl, "tls:mixed", Duration::from_secs(20));
-    assert!(tls.iter().all(|n| n.holds("tls:mixed")));
-    assert!(plain.node(0).admin().exists("tls:mixed"));
+    let mut lock = lock_everywhere(&mut rl, "tls:mixed", || {
+        tls.iter().all(|n| n.holds("tls:mixed")) && plain.node(0).admin().exists("tls:mixed")
+    });
     rl.extend(&mut lock, Duration::from_secs(60)).unwrap();
     assert!(rl.unlock(&lock).unwrap() >= 2, "a majority released it");
     assert!(wait_until(Duration::from_secs(10), || {
@@ -297,7 +321,9 @@ fn a_command_bigger_than_the_socket_buffers_gets_through_whole() {
         .node_timeout(Duration::from_secs(3))
         .build()
         .unwrap();
-    let _ = lock_soon(&mut rl, "tls:warm", Duration::from_secs(20));
+    // Every connection up first: the command must reach all three.
+    let warm = lock_on(&nodes, &mut rl, "tls:warm");
+    rl.unlock(&warm).unwrap();
     let names: Vec<String> = (0..8)
         .map(|i| format!("tls:big:{i}:{}", "x".repeat(32 * 1024 - 64)))
         .collect();
@@ -325,9 +351,19 @@ fn the_shared_client_works_over_tls() {
         .retry_jitter(Duration::from_millis(5))
         .build_shared()
         .unwrap();
-    let mut lock = shared
-        .blocking_lock("tls:shared", Duration::from_secs(30))
-        .unwrap();
+    // Held on every node (a first lock may be granted by a majority while a handshake
+    // is still going), so that the extend shows on each.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut lock = loop {
+        let lock = shared
+            .blocking_lock("tls:shared", Duration::from_secs(30))
+            .unwrap();
+        if nodes.iter().all(|n| n.holds("tls:shared")) {
+            break lock;
+        }
+        shared.blocking_unlock(&lock).unwrap();
+        assert!(Instant::now() < deadline, "never held on every node");
+    };
     shared
         .blocking_extend(&mut lock, Duration::from_secs(60))
         .unwrap();
@@ -412,7 +448,7 @@ fn the_command_line_tool_takes_its_tls_settings_from_the_environment() {
 fn a_frozen_tls_node_costs_nothing_and_a_restarted_one_rejoins() {
     let (certs, nodes) = setup(3, false);
     let mut rl = trusting(&certs, &urls(&nodes)).build().unwrap();
-    let lock = lock_soon(&mut rl, "tls:faults", Duration::from_secs(20));
+    let lock = lock_on(&nodes, &mut rl, "tls:faults:warm");
     rl.unlock(&lock).unwrap();
 
     // Frozen (SIGSTOP): the other two are a majority; the round decides without it.
