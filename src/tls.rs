@@ -435,9 +435,11 @@ mod tests {
     use std::sync::mpsc;
     use std::time::{Duration, Instant};
 
-    /// A TLS server on loopback that completes the handshake, then reads nothing until
-    /// told to, then reads `len` bytes of plaintext and returns them.
-    fn server(len: usize) -> (u16, mpsc::Sender<()>, std::thread::JoinHandle<Vec<u8>>) {
+    /// A TLS server on loopback that completes the handshake, then hands its connection
+    /// to `then` (on its own thread), whose result `join` gives.
+    fn server<T: Send + 'static>(
+        then: impl FnOnce(rustls::ServerConnection, std::net::TcpStream) -> T + Send + 'static,
+    ) -> (u16, std::thread::JoinHandle<T>) {
         let rcgen::CertifiedKey { cert, signing_key } =
             rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
         let key = PrivatePkcs8KeyDer::from(signing_key.serialize_der());
@@ -449,7 +451,6 @@ mod tests {
             .unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let (go, wait) = mpsc::channel();
         let handle = std::thread::spawn(move || {
             let (mut sock, _) = listener.accept().unwrap();
             sock.set_read_timeout(Some(Duration::from_secs(30)))
@@ -458,13 +459,34 @@ mod tests {
             while conn.is_handshaking() {
                 conn.complete_io(&mut sock).unwrap();
             }
-            wait.recv().unwrap();
-            let mut tls = rustls::StreamOwned::new(conn, sock);
-            let mut got = vec![0; len];
-            tls.read_exact(&mut got).unwrap();
-            got
+            then(conn, sock)
         });
-        (port, go, handle)
+        (port, handle)
+    }
+
+    /// A client connection to `port` (any certificate accepted), its handshake done,
+    /// registered on `poll`.
+    fn client(port: u16, poll: &mut Poll, deadline: Instant) -> TlsConn {
+        let config = TlsOptions {
+            skip_verification: true,
+            ..Default::default()
+        }
+        .client_config()
+        .unwrap();
+        let tcp = TcpStream::connect(([127, 0, 0, 1], port).into()).unwrap();
+        let mut conn = TlsConn::new(tcp, config, server_name("localhost").unwrap()).unwrap();
+        poll.registry()
+            .register(
+                &mut conn.tcp,
+                Token(0),
+                Interest::READABLE | Interest::WRITABLE,
+            )
+            .unwrap();
+        let mut events = Events::with_capacity(8);
+        while !(conn.tcp.peer_addr().is_ok() && conn.handshake().unwrap()) {
+            wait(poll, &mut events, deadline);
+        }
+        conn
     }
 
     /// Waits for a readiness event on `poll`: none before `deadline` fails the test
@@ -484,28 +506,19 @@ mod tests {
     fn records_a_full_socket_did_not_take_go_out_on_later_events() {
         // More than any loopback socket pair buffers while the server does not read.
         let data: Vec<u8> = (0..8 << 20).map(|i: usize| (i % 251) as u8).collect();
-        let (port, go, server) = server(data.len());
-        let config = TlsOptions {
-            skip_verification: true,
-            ..Default::default()
-        }
-        .client_config()
-        .unwrap();
-        let tcp = TcpStream::connect(([127, 0, 0, 1], port).into()).unwrap();
-        let mut conn = TlsConn::new(tcp, config, server_name("localhost").unwrap()).unwrap();
+        let (go, wait_for_go) = mpsc::channel::<()>();
+        let len = data.len();
+        let (port, server) = server(move |conn, sock| {
+            wait_for_go.recv().unwrap();
+            let mut tls = rustls::StreamOwned::new(conn, sock);
+            let mut got = vec![0; len];
+            tls.read_exact(&mut got).unwrap();
+            got
+        });
         let mut poll = Poll::new().unwrap();
         let mut events = Events::with_capacity(8);
-        poll.registry()
-            .register(
-                &mut conn.tcp,
-                Token(0),
-                Interest::READABLE | Interest::WRITABLE,
-            )
-            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !(conn.tcp.peer_addr().is_ok() && conn.handshake().unwrap()) {
-            wait(&mut poll, &mut events, deadline);
-        }
+        let mut conn = client(port, &mut poll, deadline);
 
         // Fill the socket: the connection ends up holding records it could not send,
         // and then takes no more plaintext.
@@ -532,5 +545,34 @@ mod tests {
         }
         let got = server.join().unwrap();
         assert!(got == data, "the server got every byte once, in order");
+    }
+
+    #[test]
+    fn garbage_after_the_handshake_is_a_tls_error_not_a_panic() {
+        let (port, server) = server(|conn, mut sock| {
+            // Not a TLS record: a plain-text error, as a confused proxy might send.
+            sock.write_all(b"-ERR not tls\r\n").unwrap();
+            let mut rest = Vec::new();
+            let _ = sock.read_to_end(&mut rest);
+            drop(conn);
+        });
+        let mut poll = Poll::new().unwrap();
+        let mut events = Events::with_capacity(8);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut conn = client(port, &mut poll, deadline);
+        let mut buf = [0u8; 64];
+        let err = loop {
+            match conn.read(&mut buf) {
+                Ok(None) => wait(&mut poll, &mut events, deadline),
+                Ok(Some(n)) => panic!("read {n} bytes of plaintext from garbage"),
+                Err(e) => break e,
+            }
+        };
+        let NodeError::Tls(msg) = &err else {
+            panic!("expected a TLS error, got {err}");
+        };
+        assert!(msg.starts_with("TLS error:"), "{msg}");
+        drop(conn);
+        server.join().unwrap();
     }
 }
