@@ -26,6 +26,12 @@
 //! reference the quorum floor whose lost attempt waits for its delete. Successful locks
 //! per second, and quorumlock's over the quorum floor's.
 //!
+//! Built with the `tls` feature (`cargo bench --bench compare --features tls`), the latency
+//! table has one more row, interleaved with the others: quorumlock over TLS on 5 more
+//! nodes that listen with `--tls-port` only (certificates made at start-up), and
+//! `--count-mode quorumlock-tls N` counts it (on nodes it starts itself: under
+//! `strace -f` their system calls would count too, so take only its instructions).
+//!
 //! `--count-mode ROW N` runs only `ROW` (`floor`, `floor-quorum`, `quorumlock`, ...) for N cycles after a
 //! fixed warm-up, against the nodes in `COMPARE_PORTS` (comma-separated; started by
 //! `scripts/bench-counts.sh`, so they are not traced) or, if unset, 5 nodes it starts
@@ -478,6 +484,25 @@ impl Row for Quorumlock {
     fn buffered(&self) -> Option<usize> {
         Some(self.rl.buffered_bytes())
     }
+}
+
+/// The TLS nodes of a run and their certificates (dropped at its end).
+#[cfg(feature = "tls")]
+type TlsNodes = Option<(common::tls::Certs, Vec<common::tls::TlsNode>)>;
+
+/// quorumlock over TLS: 5 nodes that listen with `--tls-port` only, started into `keep`.
+#[cfg(feature = "tls")]
+fn tls_row(keep: &mut TlsNodes, key: &str) -> Quorumlock {
+    let certs = common::tls::Certs::new();
+    let nodes: Vec<common::tls::TlsNode> = (0..NODES)
+        .map(|_| common::tls::TlsNode::start(&certs, false))
+        .collect();
+    let urls: Vec<String> = nodes.iter().map(common::tls::TlsNode::url).collect();
+    let builder = Redlock::builder()
+        .nodes(&urls)
+        .tls_ca_file(certs.path("ca.crt"));
+    *keep = Some((certs, nodes));
+    Quorumlock::built(builder, key)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -976,7 +1001,8 @@ fn full(cfg: &Config) {
     load_script(&ports);
     load_script(&ports_of(&frozen));
 
-    let names = [
+    #[cfg_attr(not(feature = "tls"), allow(unused_mut, clippy::useless_vec))]
+    let mut names = vec![
         "floor",
         "floor, quorum (returns at 3 of 5)",
         "sequential",
@@ -993,6 +1019,15 @@ fn full(cfg: &Config) {
         Box::new(Quorumlock::new(&urls, "cmp:ql")),
         Box::new(Quorumlock::new(&frozen.urls(), "cmp:ql-frozen")),
     ];
+    // With the `tls` feature: quorumlock over TLS (`rediss://`, 5 more nodes with
+    // `--tls-port` only, certificates made here), interleaved with the plain rows.
+    #[cfg(feature = "tls")]
+    let mut tls_nodes = None;
+    #[cfg(feature = "tls")]
+    {
+        names.push("quorumlock, TLS (rediss://)");
+        rows.push(Box::new(tls_row(&mut tls_nodes, "cmp:ql-tls")));
+    }
     let warmup = (cfg.iters / 10).clamp(100, 2000);
     eprintln!("warm-up: {warmup} interleaved cycles");
     for _ in 0..warmup {
@@ -1258,6 +1293,9 @@ fn full(cfg: &Config) {
 /// slow cycles and client buffers are reported).
 fn count_mode(row: &str, n: usize) {
     let mut own: Option<Cluster> = None;
+    // The TLS row's own nodes (and certificates), kept until the end.
+    #[cfg(feature = "tls")]
+    let mut tls_nodes = None;
     let ports: Vec<u16> = match std::env::var("COMPARE_PORTS") {
         Ok(list) if row != "quorumlock-frozen" => list
             .split(',')
@@ -1281,9 +1319,12 @@ fn count_mode(row: &str, n: usize) {
                 .observer(Tally::default());
             Box::new(Quorumlock::built(builder, "cnt:ql-obs"))
         }
+        #[cfg(feature = "tls")]
+        "quorumlock-tls" => Box::new(tls_row(&mut tls_nodes, "cnt:ql-tls")),
         other => panic!(
             "--count-mode: unknown row {other:?} \
-             (floor|floor-quorum|sequential|quorumlock|quorumlock-observed|quorumlock-frozen)"
+             (floor|floor-quorum|sequential|quorumlock|quorumlock-observed|quorumlock-frozen, \
+             and with the tls feature quorumlock-tls)"
         ),
     };
     for _ in 0..COUNT_WARMUP {

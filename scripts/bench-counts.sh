@@ -18,6 +18,9 @@
 # Usage: scripts/bench-counts.sh            (N1=2000, N2=4000, REPEAT=3)
 #        N1=500 N2=1000 REPEAT=1 scripts/bench-counts.sh
 #        COMPARE_BIN=/tmp/compare-old scripts/bench-counts.sh   (count a binary built elsewhere)
+#        FEATURES=tls scripts/bench-counts.sh   (the same plain-TCP rows, built with `tls`)
+#        FEATURES=tls ROWS=quorumlock-tls scripts/bench-counts.sh   (over TLS, on nodes the
+#            client starts itself: its syscall figure includes theirs; read instructions)
 set -euo pipefail
 
 N1=${N1:-2000}
@@ -49,8 +52,13 @@ if [ -n "${COMPARE_BIN:-}" ]; then
     BIN=$COMPARE_BIN
 else
     echo "building the compare bench ..." >&2
-    cargo bench --bench compare --no-run >/dev/null 2>&1 || cargo bench --bench compare --no-run
-    BIN=$(cargo bench --bench compare --no-run --message-format=json 2>/dev/null |
+    FEATURE_ARGS=()
+    if [ -n "${FEATURES:-}" ]; then
+        FEATURE_ARGS=(--features "$FEATURES")
+    fi
+    cargo bench --bench compare "${FEATURE_ARGS[@]}" --no-run >/dev/null 2>&1 ||
+        cargo bench --bench compare "${FEATURE_ARGS[@]}" --no-run
+    BIN=$(cargo bench --bench compare "${FEATURE_ARGS[@]}" --no-run --message-format=json 2>/dev/null |
         grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | grep '/compare-' | tail -n1)
 fi
 [ -x "$BIN" ] || { echo "compare bench binary not found" >&2; exit 1; }

@@ -34,10 +34,21 @@ cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 
+step "runtime dependencies, with and without the tls feature"
+scripts/check-deps.sh
+
+step "lints and docs with the tls feature"
+cargo clippy --all-targets --features tls -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet --features tls
+
 step "unit, integration, fault, hostile-server, torture and doc tests (corpus replay included)"
 # Not --quiet: cargo names each test binary as it starts ("Running tests/faults.rs"), and
 # each binary's result line ends with how long it took ("finished in 12.34s").
 cargo test
+
+step "with the tls feature: unit tests, rediss:// against TLS redis-server nodes, TLS doc tests"
+cargo test --features tls --lib --test tls
+cargo test --features tls --doc tls
 
 step "bounded fuzz session"
 if [ "${FUZZ_SECONDS:-30}" != 0 ]; then

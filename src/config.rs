@@ -16,6 +16,10 @@ use std::time::Duration;
 ///   and password may be percent-encoded; IPv6 hosts in brackets)
 /// - `unix:///path/to/redis.sock[?db=N][&user=U][&password=P]`, or with the login
 ///   in front: `unix://[user]:password@/path/to/redis.sock`
+/// - with the `tls` feature, `rediss://[[user]:password@]host[:port][/db]`: as
+///   `redis://`, over TLS, the host sent as SNI and checked against the server's
+///   certificate (see [`Builder::tls_ca_file`](crate::Builder)). Without the feature such
+///   a URL is a [`ConfigError`] that says the build lacks it.
 ///
 /// # Example
 ///
@@ -34,6 +38,10 @@ pub struct Endpoint {
     pub(crate) password: Option<String>,
     pub(crate) db: u32,
     shown: String,
+    /// For a `rediss://` node: the host's name, sent as SNI and verified in the
+    /// server's certificate.
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<rustls::pki_types::ServerName<'static>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,29 +59,10 @@ impl Endpoint {
     fn parse_as(setting: &str, url: &str) -> Result<Endpoint, ConfigError> {
         let bad = |problem: &str| ConfigError::new(setting, mask(url), problem);
         if let Some(rest) = url.strip_prefix("redis://") {
-            let (login, hostpart) = split_login(rest);
-            let (user, password) = login
-                .map(|l| parse_login(l, &bad))
-                .transpose()?
-                .unwrap_or((None, None));
-            let (hostport, db) = match hostpart.split_once('/') {
-                Some((hp, "")) => (hp, 0),
-                Some((hp, db)) => (hp, parse_db(db, &bad)?),
-                None => (hostpart, 0),
-            };
-            if hostport.contains('?') {
-                return Err(bad("query parameters are not supported in redis:// URLs"));
-            }
-            let (host, port) = split_host_port(hostport, &bad)?;
-            if host.is_empty() {
-                return Err(bad("missing host"));
-            }
-            let addr = (host, port)
-                .to_socket_addrs()
-                .map_err(|e| bad(&format!("cannot resolve host {host:?}: {e}")))?
-                .next()
-                .ok_or_else(|| bad(&format!("host {host:?} resolves to no address")))?;
+            let (addr, user, password, db, _) = parse_tcp(rest, &bad)?;
             Ok(Endpoint::new(Address::Tcp(addr), user, password, db))
+        } else if let Some(rest) = url.strip_prefix("rediss://") {
+            Endpoint::parse_tls(rest, &bad)
         } else if let Some(rest) = url.strip_prefix("unix://") {
             let (login, rest) = match login_end("unix", rest) {
                 Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
@@ -123,11 +112,46 @@ impl Endpoint {
                 password,
                 db,
             ))
-        } else if url.starts_with("rediss://") {
-            Err(bad("TLS (rediss://) is not supported"))
         } else {
-            Err(bad("scheme must be redis:// or unix://"))
+            Err(bad("scheme must be redis://, rediss:// or unix://"))
         }
+    }
+
+    /// A `rediss://` URL (after the scheme): as `redis://`, with TLS to the host named.
+    #[cfg(feature = "tls")]
+    fn parse_tls(rest: &str, bad: &dyn Fn(&str) -> ConfigError) -> Result<Endpoint, ConfigError> {
+        let (addr, user, password, db, host) = parse_tcp(rest, bad)?;
+        let name = crate::tls::server_name(host).map_err(|e| bad(&e))?;
+        let mut e = Endpoint::new(Address::Tcp(addr), user, password, db);
+        e.shown.insert(5, 's');
+        e.tls = Some(name);
+        Ok(e)
+    }
+
+    #[cfg(not(feature = "tls"))]
+    fn parse_tls(_: &str, bad: &dyn Fn(&str) -> ConfigError) -> Result<Endpoint, ConfigError> {
+        Err(bad(
+            "rediss:// (TLS) is not available: quorumlock was built without the `tls` \
+             feature (enable it: features = [\"tls\"])",
+        ))
+    }
+
+    /// Whether the node is reached over TLS (a `rediss://` URL).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use quorumlock::Endpoint;
+    ///
+    /// assert!(!Endpoint::parse("redis://127.0.0.1:7001").unwrap().is_tls());
+    /// # #[cfg(feature = "tls")]
+    /// assert!(Endpoint::parse("rediss://127.0.0.1:7001").unwrap().is_tls());
+    /// ```
+    pub fn is_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
     }
 
     fn new(addr: Address, user: Option<String>, password: Option<String>, db: u32) -> Endpoint {
@@ -148,6 +172,8 @@ impl Endpoint {
             password,
             db,
             shown,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 
@@ -182,6 +208,39 @@ impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.shown)
     }
+}
+
+/// The parts of a `redis://` URL after the scheme: the address (resolved), the login,
+/// the db, and the host as written.
+type TcpParts<'a> = (SocketAddr, Option<String>, Option<String>, u32, &'a str);
+
+fn parse_tcp<'a>(
+    rest: &'a str,
+    bad: &dyn Fn(&str) -> ConfigError,
+) -> Result<TcpParts<'a>, ConfigError> {
+    let (login, hostpart) = split_login(rest);
+    let (user, password) = login
+        .map(|l| parse_login(l, bad))
+        .transpose()?
+        .unwrap_or((None, None));
+    let (hostport, db) = match hostpart.split_once('/') {
+        Some((hp, "")) => (hp, 0),
+        Some((hp, db)) => (hp, parse_db(db, bad)?),
+        None => (hostpart, 0),
+    };
+    if hostport.contains('?') {
+        return Err(bad("query parameters are not supported in redis:// URLs"));
+    }
+    let (host, port) = split_host_port(hostport, bad)?;
+    if host.is_empty() {
+        return Err(bad("missing host"));
+    }
+    let addr = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| bad(&format!("cannot resolve host {host:?}: {e}")))?
+        .next()
+        .ok_or_else(|| bad(&format!("host {host:?} resolves to no address")))?;
+    Ok((addr, user, password, db, host))
 }
 
 fn split_login(rest: &str) -> (Option<&str>, &str) {
@@ -358,6 +417,9 @@ pub struct Settings {
     pub max_hold: Option<Duration>,
     /// See [`Builder::observer`].
     pub(crate) observer: Option<crate::observer::Attached>,
+    /// The TLS client configuration of the `rediss://` nodes (none without them).
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 /// Builds a [`Redlock`]: set the nodes, optionally tune, then [`Builder::build`].
@@ -409,14 +471,16 @@ pub struct Builder {
     fencing: bool,
     max_hold: Option<Duration>,
     observer: Option<crate::observer::Attached>,
+    #[cfg(feature = "tls")]
+    tls: crate::tls::TlsOptions,
 }
 
 impl std::fmt::Debug for Builder {
     /// Node URLs are shown with their passwords replaced by `***`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let nodes: Vec<String> = self.nodes.iter().map(|u| mask(u)).collect();
-        f.debug_struct("Builder")
-            .field("nodes", &nodes)
+        let mut f = f.debug_struct("Builder");
+        f.field("nodes", &nodes)
             .field("node_timeout", &self.node_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("retry_count", &self.retry_count)
@@ -428,8 +492,10 @@ impl std::fmt::Debug for Builder {
             .field("restart_guard", &self.restart_guard)
             .field("fencing", &self.fencing)
             .field("max_hold", &self.max_hold)
-            .field("observer", &self.observer)
-            .finish()
+            .field("observer", &self.observer);
+        #[cfg(feature = "tls")]
+        f.field("tls", &self.tls);
+        f.finish()
     }
 }
 
@@ -449,6 +515,8 @@ impl Default for Builder {
             fencing: false,
             max_hold: None,
             observer: None,
+            #[cfg(feature = "tls")]
+            tls: Default::default(),
         }
     }
 }
@@ -658,6 +726,88 @@ impl Builder {
         self
     }
 
+    /// A PEM file of CA certificates that `rediss://` nodes' certificates may chain to,
+    /// added to the platform's trust roots (the bundle named by `SSL_CERT_FILE`, else
+    /// the first of `/etc/ssl/certs/ca-certificates.crt`,
+    /// `/etc/pki/tls/certs/ca-bundle.crt`, `/etc/ssl/ca-bundle.pem`, `/etc/ssl/cert.pem`
+    /// that exists). Without it the platform's roots alone are trusted; with neither,
+    /// building fails with a [`ConfigError`] that says so. The file is read when the
+    /// settings are checked ([`Builder::build`]): a missing or malformed one is a
+    /// [`ConfigError`] naming `tls_ca_file`.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use quorumlock::Redlock;
+    ///
+    /// let err = Redlock::builder()
+    ///     .nodes(["rediss://localhost:6380"])
+    ///     .tls_ca_file("/no/such/ca.pem")
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(err.to_string().contains("tls_ca_file"));
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_ca_file(mut self, path: impl AsRef<std::path::Path>) -> Self {
+        self.tls.ca_file = Some(path.as_ref().to_path_buf());
+        self
+    }
+
+    /// A client certificate (PEM, the leaf first, then any intermediates) and its
+    /// private key (PEM: PKCS#8, PKCS#1 or SEC1) for servers that require one
+    /// (`tls-auth-clients yes`): mutual TLS. Read when the settings are checked; a
+    /// problem is a [`ConfigError`] naming `tls_client_cert`.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use quorumlock::Redlock;
+    ///
+    /// let err = Redlock::builder()
+    ///     .nodes(["rediss://localhost:6380"])
+    ///     .tls_client_cert("/no/such/client.crt", "/no/such/client.key")
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(err.to_string().contains("tls_client_cert"));
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_client_cert(
+        mut self,
+        cert: impl AsRef<std::path::Path>,
+        key: impl AsRef<std::path::Path>,
+    ) -> Self {
+        self.tls.client_cert = Some((cert.as_ref().to_path_buf(), key.as_ref().to_path_buf()));
+        self
+    }
+
+    /// **Never in production.** Accepts any certificate from `rediss://` nodes: no
+    /// chain to a trusted root, no host name check, expired or self-signed alike. The
+    /// traffic is still encrypted, but anyone who can intercept the connection can pose
+    /// as the node, read the passwords and tokens, and grant or steal locks. For test
+    /// setups with throwaway certificates only; prefer [`Builder::tls_ca_file`] with the
+    /// test CA.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use quorumlock::Redlock;
+    ///
+    /// // A test rig whose nodes have self-signed certificates.
+    /// let rl = Redlock::builder()
+    ///     .nodes(["rediss://127.0.0.1:6380"])
+    ///     .dangerous_skip_tls_verification()
+    ///     .build()?;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn dangerous_skip_tls_verification(mut self) -> Self {
+        self.tls.skip_verification = true;
+        self
+    }
+
     /// Checks every setting, then opens connections without waiting for them.
     ///
     /// Fails only on invalid settings (a [`Error::Config`] naming the setting and
@@ -762,7 +912,15 @@ impl Builder {
                  others >= 1)",
             ));
         }
+        #[cfg(feature = "tls")]
+        let tls = if nodes.iter().any(Endpoint::is_tls) {
+            Some(self.tls.client_config()?)
+        } else {
+            None
+        };
         Ok(Settings {
+            #[cfg(feature = "tls")]
+            tls,
             nodes,
             node_timeout: self.node_timeout,
             connect_timeout: self.connect_timeout,
@@ -821,8 +979,67 @@ mod tests {
     }
 
     #[test]
+    #[cfg(not(feature = "tls"))]
+    fn rediss_needs_the_tls_feature() {
+        let e = err("rediss://127.0.0.1:6380");
+        assert!(e.contains("built without the `tls` feature"), "{e}");
+    }
+
+    #[test]
+    #[cfg(feature = "tls")]
+    fn rediss_urls_parse() {
+        let e = Endpoint::parse("rediss://app:s3cret@localhost:6380/2").unwrap();
+        assert!(e.is_tls());
+        assert_eq!(e.db(), 2);
+        assert!(e.to_string().starts_with("rediss://app:***@"), "{e}");
+        assert!(!e.to_string().contains("s3cret"));
+        let e = Endpoint::parse("rediss://127.0.0.1").unwrap();
+        assert_eq!(e.to_string(), "rediss://127.0.0.1:6379");
+        assert!(Endpoint::parse("rediss://[::1]:7000").unwrap().is_tls());
+        assert!(!Endpoint::parse("redis://127.0.0.1").unwrap().is_tls());
+        assert!(err("rediss://127.0.0.1:0").contains("out of range"));
+    }
+
+    #[test]
+    #[cfg(feature = "tls")]
+    fn tls_files_are_checked_when_building() {
+        let dir = std::env::temp_dir().join(format!("quorumlock-unit-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let junk = dir.join("junk.pem");
+        std::fs::write(&junk, "not a certificate").unwrap();
+        let with = |b: Builder| b.node("rediss://127.0.0.1:6380").settings().unwrap_err();
+        let e = with(Builder::default().tls_ca_file(&junk));
+        assert_eq!(e.setting, "tls_ca_file");
+        assert!(e.problem.contains("no PEM certificate"), "{e}");
+        let e = with(Builder::default().tls_ca_file(dir.join("missing.pem")));
+        assert_eq!(e.setting, "tls_ca_file");
+        let e = with(
+            Builder::default()
+                .tls_client_cert(&junk, &junk)
+                .dangerous_skip_tls_verification(),
+        );
+        assert_eq!(e.setting, "tls_client_cert");
+        // Plain nodes never read the TLS files.
+        assert!(
+            Builder::default()
+                .node("redis://127.0.0.1:6380")
+                .tls_ca_file(&junk)
+                .settings()
+                .is_ok()
+        );
+        let s = Builder::default()
+            .node("rediss://127.0.0.1:6380")
+            .dangerous_skip_tls_verification()
+            .settings()
+            .unwrap();
+        assert!(s.tls.is_some());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn bad_urls_say_what_is_wrong() {
         assert!(err("http://x").contains("scheme"));
+        #[cfg(not(feature = "tls"))]
         assert!(err("rediss://127.0.0.1").contains("TLS"));
         assert!(err("redis://127.0.0.1:0").contains("out of range"));
         assert!(err("redis://127.0.0.1:65536").contains("out of range"));

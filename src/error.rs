@@ -400,6 +400,16 @@ pub enum NodeError {
     NoScript,
     /// Too much unsent data queued for a node that does not read.
     Backlog,
+    /// A `rediss://` node's TLS session failed (feature `tls`): the text says what failed
+    /// and when, e.g. the server's certificate was refused (wrong CA, wrong host name),
+    /// the server refused ours or wanted one, or the node answered in something that is
+    /// not TLS (a plain Redis port on a `rediss://` URL).
+    Tls(String),
+    /// A `rediss://` node accepted the TCP connection but answered nothing to the TLS
+    /// handshake within the connect timeout (feature `tls`): most likely it does not
+    /// speak TLS on that port (a plain Redis port waits silently for more of what it
+    /// takes for a command).
+    TlsNoAnswer,
 }
 
 impl fmt::Display for NodeError {
@@ -438,6 +448,11 @@ impl fmt::Display for NodeError {
             ),
             NodeError::NoScript => f.write_str("the server lost the lock script (NOSCRIPT)"),
             NodeError::Backlog => f.write_str("write backlog over the limit"),
+            NodeError::Tls(msg) => f.write_str(msg),
+            NodeError::TlsNoAnswer => f.write_str(
+                "connect timed out: the TLS handshake got no answer: does the node speak \
+                 TLS on this port (rediss:// to a plain Redis port)?",
+            ),
         }
     }
 }

@@ -83,14 +83,24 @@ pub fn inspect(settings: &Settings, resource: &[u8]) -> Vec<Result<NodeView, Nod
 enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// A `rediss://` node: rustls over the blocking socket (the handshake runs with the
+    /// first write, under the socket's timeouts).
+    #[cfg(feature = "tls")]
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
 }
 
 impl Stream {
-    fn open(node: &Endpoint, connect_timeout: Duration) -> io::Result<Stream> {
+    fn open(node: &Endpoint, settings: &Settings) -> io::Result<Stream> {
         match &node.addr {
             Address::Tcp(addr) => {
-                let s = TcpStream::connect_timeout(addr, connect_timeout)?;
+                let s = TcpStream::connect_timeout(addr, settings.connect_timeout)?;
                 s.set_nodelay(true)?;
+                #[cfg(feature = "tls")]
+                if let (Some(name), Some(config)) = (&node.tls, &settings.tls) {
+                    let conn = rustls::ClientConnection::new(config.clone(), name.clone())
+                        .map_err(io::Error::other)?;
+                    return Ok(Stream::Tls(Box::new(rustls::StreamOwned::new(conn, s))));
+                }
                 Ok(Stream::Tcp(s))
             }
             Address::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path)?)),
@@ -107,21 +117,74 @@ impl Stream {
                 s.set_read_timeout(Some(t))?;
                 s.set_write_timeout(Some(t))
             }
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => {
+                s.sock.set_read_timeout(Some(t))?;
+                s.sock.set_write_timeout(Some(t))
+            }
         }
     }
 
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+    fn write_all(&mut self, buf: &[u8]) -> Result<(), NodeError> {
         match self {
-            Stream::Tcp(s) => s.write_all(buf),
-            Stream::Unix(s) => s.write_all(buf),
+            Stream::Tcp(s) => Ok(s.write_all(buf)?),
+            Stream::Unix(s) => Ok(s.write_all(buf)?),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => {
+                let handshaking = s.conn.is_handshaking();
+                s.write_all(buf)
+                    .and_then(|()| s.flush())
+                    .map_err(|e| tls_error(e, handshaking))
+            }
         }
     }
 
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    fn read(&mut self, buf: &mut [u8]) -> Result<usize, NodeError> {
         match self {
-            Stream::Tcp(s) => s.read(buf),
-            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => read_plain(s, buf),
+            Stream::Unix(s) => read_plain(s, buf),
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => {
+                let handshaking = s.conn.is_handshaking();
+                match s.read(buf) {
+                    // Redis ends connections without close_notify: an end all the same.
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(0),
+                    Err(e) if is_timeout(&e) => Err(no_reply()),
+                    r => r.map_err(|e| tls_error(e, handshaking)),
+                }
+            }
         }
+    }
+}
+
+/// A TLS stream's error: what rustls says failed, or a timeout during the handshake
+/// (the node says nothing to TLS: does it speak it?).
+#[cfg(feature = "tls")]
+fn tls_error(e: io::Error, handshaking: bool) -> NodeError {
+    if handshaking && is_timeout(&e) {
+        return NodeError::TlsNoAnswer;
+    }
+    crate::tls::from_io(e, handshaking)
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+fn no_reply() -> NodeError {
+    NodeError::Io(
+        io::ErrorKind::TimedOut,
+        "no complete reply within node_timeout".into(),
+    )
+}
+
+fn read_plain(s: &mut impl Read, buf: &mut [u8]) -> Result<usize, NodeError> {
+    match s.read(buf) {
+        Err(e) if is_timeout(&e) => Err(no_reply()),
+        r => Ok(r?),
     }
 }
 
@@ -157,29 +220,15 @@ impl Replies {
     fn fill(&mut self) -> Result<(), NodeError> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(NodeError::Io(
-                io::ErrorKind::TimedOut,
-                "no complete reply within node_timeout".into(),
-            ));
+            return Err(no_reply());
         }
         self.stream.set_timeouts(left)?;
         let mut chunk = [0u8; 4096];
         let n = match self.stream.read(&mut chunk) {
             Ok(0) => return Err(NodeError::Closed),
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(NodeError::Io(
-                    io::ErrorKind::TimedOut,
-                    "no complete reply within node_timeout".into(),
-                ));
-            }
-            Err(e) => return Err(e.into()),
+            Err(NodeError::Io(io::ErrorKind::Interrupted, _)) => return Ok(()),
+            Err(e) => return Err(e),
         };
         self.buf.extend_from_slice(&chunk[..n]);
         Ok(())
@@ -188,7 +237,7 @@ impl Replies {
 
 fn view(node: &Endpoint, settings: &Settings, resource: &[u8]) -> Result<NodeView, NodeError> {
     let started = Instant::now();
-    let mut stream = Stream::open(node, settings.connect_timeout).map_err(|e| {
+    let mut stream = Stream::open(node, settings).map_err(|e| {
         if matches!(
             e.kind(),
             io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock

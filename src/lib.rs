@@ -12,7 +12,9 @@
 //! retries after a random delay.
 //!
 //! The crate depends only on `mio`, `bytes`, `memchr` and `fastrand`: RESP2 is written
-//! by hand, there is no async runtime.
+//! by hand, there is no async runtime. The optional `tls` feature adds `rediss://` nodes
+//! over rustls (with its ring provider): see [`Endpoint`] and
+//! `Builder::tls_ca_file`.
 //!
 //! # Example
 //!
@@ -61,6 +63,7 @@
 //! away for at least the longest ttl in use. See the README for the details.
 
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 mod config;
@@ -75,6 +78,8 @@ pub mod observer;
 mod redlock;
 mod resp;
 mod shared;
+#[cfg(feature = "tls")]
+mod tls;
 
 pub use crate::core::token::MAX_TOKEN;
 pub use config::{Builder, Endpoint, Settings};

@@ -68,6 +68,19 @@ pub trait Transport {
     fn write(&mut self, node: usize, bytes: &[u8]) -> Result<usize, NodeError>;
     /// Reads from `node`'s connection into `buf`.
     fn read(&mut self, node: usize, buf: &mut [u8]) -> Result<Received, NodeError>;
+    /// Writes out what the transport itself still holds for `node` (a TLS record its
+    /// socket could not take): called on a writable event when the engine has nothing
+    /// of its own to write. Nothing by default.
+    fn flush(&mut self, node: usize) -> Result<(), NodeError> {
+        let _ = node;
+        Ok(())
+    }
+    /// The error for `node`'s connection whose connect timeout ran out (a TLS handshake
+    /// with no answer says so). [`NodeError::ConnectTimeout`] by default.
+    fn connect_timeout_error(&mut self, node: usize) -> NodeError {
+        let _ = node;
+        NodeError::ConnectTimeout
+    }
 }
 
 /// What one read found.
@@ -470,7 +483,8 @@ impl Engine {
         if s.wants_connect(now) {
             self.connect(t, node, now);
         } else if s.connect_expired(now, self.timing.connect_timeout) {
-            self.drop_conn(t, node, NodeError::ConnectTimeout, now);
+            let why = t.connect_timeout_error(node);
+            self.drop_conn(t, node, why, now);
             // The next connection is sent nothing until its handshake is answered:
             // a silent host must not cost `node_timeout` at every reconnect.
             self.sessions[node].suspect = true;
@@ -1051,10 +1065,14 @@ impl Engine {
                 return self.fail_conn(t, node, e, active);
             }
         }
-        if s.has_unsent() {
-            if let Err(e) = Self::flush(t, s, node) {
-                return self.fail_conn(t, node, e, active);
-            }
+        let flushed = if s.has_unsent() {
+            Self::flush(t, s, node)
+        } else {
+            // What the transport holds (a TLS record a full socket did not take).
+            t.flush(node)
+        };
+        if let Err(e) = flushed {
+            return self.fail_conn(t, node, e, active);
         }
         if !readable {
             return;

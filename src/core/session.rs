@@ -331,11 +331,12 @@ impl Session {
         // never answers PING (a silent service, a frozen server) has not connected.
         let connecting = self.state == State::Connecting || self.handshaking();
         // A handshaking connection that carries a lock write is kept (see `owed_until`);
-        // one still in TCP connect has written nothing yet.
+        // one still in TCP connect (or in its TLS handshake) has written nothing yet: what
+        // is queued waits in the outbox until the connection is established.
         connecting
             && self.state != State::Down
             && now.saturating_duration_since(self.connect_started) > connect_timeout
-            && !self.holds_live_write(now)
+            && (self.state == State::Connecting || !self.holds_live_write(now))
     }
 
     /// A connection was opened at `now`: the handshake goes first in the outbox, and
@@ -945,6 +946,21 @@ mod tests {
         s.fail(NodeError::Closed, t0, ms(1000));
         assert!(!s.wants_connect(t0 + ms(9)));
         assert!(s.wants_connect(t0 + ms(10)));
+    }
+
+    #[test]
+    fn a_connection_not_yet_established_expires_whatever_it_queued() {
+        // Still in TCP connect (or its TLS handshake): the SET queued behind the login
+        // waits in the outbox, unwritten, so nothing can apply it later.
+        let t0 = base();
+        let ms = Duration::from_millis;
+        let mut s = Session::new(Login::default(), t0);
+        s.opened(t0);
+        s.enqueue(command_expect(1, Phase::Acquire, t0), 1).unwrap();
+        s.note_write(Some(t0 + ms(5000)));
+        assert_eq!(s.state, State::Connecting);
+        assert!(!s.connect_expired(t0 + ms(999), ms(1000)));
+        assert!(s.connect_expired(t0 + ms(1001), ms(1000)));
     }
 
     #[test]

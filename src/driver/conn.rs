@@ -7,8 +7,13 @@
 //! - `streams[node]` is registered with the driver's `Poll` under `Token(base + node)`, for
 //!   both readiness kinds, for as long as it is `Some`; a closed one is deregistered
 //!   before it is dropped, so no event of an old socket is read as one of a new one.
+//! - With the `tls` feature, a `rediss://` node's stream is `Stream::Tls` (see
+//!   `crate::tls` for its own invariants): `established` is true only once its TLS
+//!   handshake is done, `read` and `write` carry plaintext, and `flush` writes the records
+//!   a full socket left behind. Its code sits in cold functions: a plain connection pays
+//!   one more match arm, never taken.
 
-use crate::config::{Address, Endpoint};
+use crate::config::{Address, Endpoint, Settings};
 use crate::core::engine::{Received, Transport};
 use crate::error::NodeError;
 use mio::net::{TcpStream, UnixStream};
@@ -19,6 +24,10 @@ use std::time::Instant;
 enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// A `rediss://` node: boxed, so the plain variants stay small, and every use of it
+    /// goes through a cold function, out of the plain path's way.
+    #[cfg(feature = "tls")]
+    Tls(Box<crate::tls::TlsConn>),
 }
 
 impl Stream {
@@ -26,7 +35,21 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s,
             Stream::Unix(s) => s,
+            #[cfg(feature = "tls")]
+            Stream::Tls(s) => &mut s.tcp,
         }
+    }
+}
+
+/// Whether a TCP connection being opened is established.
+fn tcp_established(s: &TcpStream) -> Result<bool, NodeError> {
+    if let Some(e) = s.take_error()? {
+        return Err(e.into());
+    }
+    match s.peer_addr() {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -38,26 +61,83 @@ pub(crate) struct Net {
     /// Node `i`'s socket is registered as `Token(base + i)`: 0 for the lock connections,
     /// the number of nodes for the shared client's subscriber connections.
     base: usize,
+    /// The TLS configuration, when some node is `rediss://`.
+    #[cfg(feature = "tls")]
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Net {
-    pub fn new(registry: Registry, endpoints: Vec<Endpoint>) -> Net {
+    pub fn new(registry: Registry, settings: &Settings) -> Net {
+        let endpoints = settings.nodes.clone();
         let streams = endpoints.iter().map(|_| None).collect();
         Net {
             registry,
             endpoints,
             streams,
             base: 0,
+            #[cfg(feature = "tls")]
+            tls: settings.tls.clone(),
         }
     }
 
     /// A second set of sockets to the same nodes on the same `Poll`, registered from
     /// `Token(base)` up.
-    pub fn with_token_base(registry: Registry, endpoints: Vec<Endpoint>, base: usize) -> Net {
+    pub fn with_token_base(registry: Registry, settings: &Settings, base: usize) -> Net {
         Net {
             base,
-            ..Net::new(registry, endpoints)
+            ..Net::new(registry, settings)
         }
+    }
+
+    /// Whether some TLS connection holds records its socket has not taken yet (see
+    /// `crate::tls`): a release does not return before they are out. Always false
+    /// without the `tls` feature, and without `rediss://` nodes one test.
+    #[inline]
+    pub fn holds_unsent(&self) -> bool {
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() {
+            return self.tls_holds_unsent();
+        }
+        false
+    }
+
+    #[cfg(feature = "tls")]
+    #[cold]
+    fn tls_holds_unsent(&self) -> bool {
+        self.streams
+            .iter()
+            .any(|s| matches!(s, Some(Stream::Tls(t)) if t.holds_unsent()))
+    }
+
+    /// Registers `node`'s new connection and keeps it.
+    fn register(&mut self, node: usize, mut stream: Stream) -> Result<(), NodeError> {
+        // Both interests for the connection's whole life: edge-triggered writable events
+        // only fire after a full buffer drains, so this costs nothing, and it saves an
+        // epoll_ctl per short write.
+        self.registry.register(
+            stream.as_source(),
+            Token(self.base + node),
+            Interest::READABLE | Interest::WRITABLE,
+        )?;
+        self.streams[node] = Some(stream);
+        Ok(())
+    }
+
+    /// Opens a TLS connection over a new TCP one (its handshake waits for `established`).
+    #[cfg(feature = "tls")]
+    #[cold]
+    fn open_tls(
+        &mut self,
+        node: usize,
+        tcp: TcpStream,
+        name: rustls::pki_types::ServerName<'static>,
+    ) -> Result<(), NodeError> {
+        let Some(config) = &self.tls else {
+            // `Settings` carries a configuration whenever a node is `rediss://`.
+            return Err(NodeError::Tls("no TLS configuration".into()));
+        };
+        let conn = crate::tls::TlsConn::new(tcp, config.clone(), name)?;
+        self.register(node, Stream::Tls(Box::new(conn)))
     }
 
     pub fn endpoints(&self) -> &[Endpoint] {
@@ -73,24 +153,21 @@ impl Transport for Net {
 
     fn open(&mut self, node: usize) -> Result<(), NodeError> {
         self.close(node);
-        let mut stream = match &self.endpoints[node].addr {
-            Address::Tcp(addr) => TcpStream::connect(*addr).and_then(|s| {
+        let endpoint = &self.endpoints[node];
+        let stream = match &endpoint.addr {
+            Address::Tcp(addr) => {
+                let s = TcpStream::connect(*addr)?;
                 // Lock commands are tiny and latency-bound: never let Nagle hold them.
                 s.set_nodelay(true)?;
-                Ok(Stream::Tcp(s))
-            })?,
+                #[cfg(feature = "tls")]
+                if let Some(name) = endpoint.tls.clone() {
+                    return self.open_tls(node, s, name);
+                }
+                Stream::Tcp(s)
+            }
             Address::Unix(path) => UnixStream::connect(path).map(Stream::Unix)?,
         };
-        // Both interests for the connection's whole life: edge-triggered writable events
-        // only fire after a full buffer drains, so this costs nothing, and it saves an
-        // epoll_ctl per short write.
-        self.registry.register(
-            stream.as_source(),
-            Token(self.base + node),
-            Interest::READABLE | Interest::WRITABLE,
-        )?;
-        self.streams[node] = Some(stream);
-        Ok(())
+        self.register(node, stream)
     }
 
     fn close(&mut self, node: usize) {
@@ -100,22 +177,35 @@ impl Transport for Net {
     }
 
     fn established(&mut self, node: usize) -> Result<bool, NodeError> {
-        match &self.streams[node] {
-            Some(Stream::Tcp(s)) => {
-                if let Some(e) = s.take_error()? {
-                    return Err(e.into());
-                }
-                match s.peer_addr() {
-                    Ok(_) => Ok(true),
-                    Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
-                    Err(e) => Err(e.into()),
-                }
-            }
+        match &mut self.streams[node] {
+            Some(Stream::Tcp(s)) => tcp_established(s),
             Some(Stream::Unix(s)) => match s.take_error()? {
                 Some(e) => Err(e.into()),
                 None => Ok(true),
             },
+            #[cfg(feature = "tls")]
+            Some(Stream::Tls(s)) => tls_established(s),
             None => Err(NodeError::Closed),
+        }
+    }
+
+    fn flush(&mut self, node: usize) -> Result<(), NodeError> {
+        match &mut self.streams[node] {
+            #[cfg(feature = "tls")]
+            Some(Stream::Tls(s)) => s.flush(),
+            _ => Ok(()),
+        }
+    }
+
+    fn connect_timeout_error(&mut self, node: usize) -> NodeError {
+        match &self.streams[node] {
+            #[cfg(feature = "tls")]
+            Some(Stream::Tls(s))
+                if s.handshaking() && tcp_established(&s.tcp).is_ok_and(|up| up) =>
+            {
+                NodeError::TlsNoAnswer
+            }
+            _ => NodeError::ConnectTimeout,
         }
     }
 
@@ -125,6 +215,8 @@ impl Transport for Net {
             let r = match &mut self.streams[node] {
                 Some(Stream::Tcp(s)) => s.write(bytes),
                 Some(Stream::Unix(s)) => s.write(bytes),
+                #[cfg(feature = "tls")]
+                Some(Stream::Tls(s)) => return tls_write(s, bytes),
                 None => return Err(NodeError::Closed),
             };
             match r {
@@ -142,6 +234,8 @@ impl Transport for Net {
             let r = match &mut self.streams[node] {
                 Some(Stream::Tcp(s)) => s.read(buf),
                 Some(Stream::Unix(s)) => s.read(buf),
+                #[cfg(feature = "tls")]
+                Some(Stream::Tls(s)) => return tls_read(s, buf),
                 None => return Err(NodeError::Closed),
             };
             return match r {
@@ -153,4 +247,33 @@ impl Transport for Net {
             };
         }
     }
+}
+
+/// [`Transport::established`] of a TLS connection: TCP first, then the TLS handshake
+/// as far as the socket allows.
+#[cfg(feature = "tls")]
+#[cold]
+fn tls_established(s: &mut crate::tls::TlsConn) -> Result<bool, NodeError> {
+    if !tcp_established(&s.tcp)? {
+        return Ok(false);
+    }
+    s.handshake()
+}
+
+#[cfg(feature = "tls")]
+#[cold]
+#[inline(never)]
+fn tls_write(s: &mut crate::tls::TlsConn, bytes: &[u8]) -> Result<usize, NodeError> {
+    s.write(bytes)
+}
+
+#[cfg(feature = "tls")]
+#[cold]
+#[inline(never)]
+fn tls_read(s: &mut crate::tls::TlsConn, buf: &mut [u8]) -> Result<Received, NodeError> {
+    Ok(match s.read(buf)? {
+        None => Received::Nothing,
+        Some(0) => Received::Closed,
+        Some(n) => Received::Bytes(n),
+    })
 }

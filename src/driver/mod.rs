@@ -78,7 +78,7 @@ impl Driver {
     pub fn new(settings: &Settings) -> io::Result<Driver> {
         let now = Instant::now();
         let poll = Poll::new()?;
-        let net = Net::new(poll.registry().try_clone()?, settings.nodes.clone());
+        let net = Net::new(poll.registry().try_clone()?, settings);
         let logins = settings
             .nodes
             .iter()
@@ -191,7 +191,9 @@ impl Driver {
         // else might flush it. Bounded, like the round, by `node_timeout`.
         // A fence write-back likewise: it is meant for every node whose connection is up.
         let release = matches!(req.phase, Phase::Release | Phase::Fence);
-        while !active.round.is_done() || (release && engine.writes_pending()) {
+        while !active.round.is_done()
+            || (release && (engine.writes_pending() || net.holds_unsent()))
+        {
             let timeout = match budget.next_wait() {
                 Some(wait) => wait,
                 None => {
@@ -329,7 +331,7 @@ impl Driver {
 
     /// Whether some bytes wait in the process for a socket (see `Engine::writes_pending`).
     pub fn writes_pending(&mut self) -> bool {
-        self.engine.writes_pending()
+        self.engine.writes_pending() || self.net.holds_unsent()
     }
 
     /// Sets (or clears) the alarm: `ring` runs, from inside rounds too, once `at` has

@@ -52,7 +52,7 @@ pub(crate) struct Notices {
 impl Notices {
     pub fn new(registry: &mio::Registry, settings: &Settings, now: Instant) -> io::Result<Notices> {
         let nodes = settings.nodes.len();
-        let net = Net::with_token_base(registry.try_clone()?, settings.nodes.clone(), nodes);
+        let net = Net::with_token_base(registry.try_clone()?, settings, nodes);
         let subs = settings
             .nodes
             .iter()
@@ -221,7 +221,8 @@ impl Notices {
         loop {
             let out = self.subs[node].outbox();
             if out.is_empty() {
-                return Ok(());
+                // And what the transport holds (a TLS record a full socket did not take).
+                return self.net.flush(node);
             }
             let n = self.net.write(node, out)?;
             if n == 0 {

@@ -8,6 +8,8 @@ pub mod admin;
 pub mod checker;
 pub mod impostor;
 pub mod proxy;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use admin::{Admin, Auth, Endpoint, Reply, in_debug_sleep};
 pub use proxy::{Mode, Proxy};

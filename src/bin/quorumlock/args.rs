@@ -81,7 +81,9 @@ ACTIONS
 
 OPTIONS
   --nodes URL,URL,...    Redis masters: redis://[[user]:password@]host[:port][/db] or
-                         unix:///path/to/redis.sock[?db=N]; overrides QUORUMLOCK_NODES
+                         unix:///path/to/redis.sock[?db=N], or over TLS (when built
+                         with the tls feature) rediss://[[user]:password@]host[:port][/db];
+                         overrides QUORUMLOCK_NODES
   --ttl DURATION         lock ttl (default 30s); run extends it every ttl/3
   --wait DURATION        run: keep trying to acquire for this long, woken when the holder
                          releases (default 0: one attempt, like flock -n)
@@ -139,6 +141,12 @@ EXIT STATUS
 
 ENVIRONMENT
   QUORUMLOCK_NODES       comma-separated node URLs, used when --nodes is not given
+  With the tls feature, for rediss:// nodes:
+  QUORUMLOCK_TLS_CA_FILE PEM file of CA certificates, trusted beside the system's bundle
+                         (SSL_CERT_FILE, else /etc/ssl/certs/ca-certificates.crt, ...)
+  QUORUMLOCK_TLS_CERT, QUORUMLOCK_TLS_KEY
+                         client certificate and private key (PEM) for mutual TLS: both
+                         or neither
 
 EXAMPLE
   export QUORUMLOCK_NODES=redis://10.0.0.1:6379,redis://10.0.0.2:6379,redis://10.0.0.3:6379

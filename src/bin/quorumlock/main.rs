@@ -73,6 +73,11 @@ fn main() -> ExitCode {
         .retry_count(args.retries)
         .retry_delay(args.retry_delay)
         .retry_jitter(args.retry_delay / 2);
+    #[cfg(feature = "tls")]
+    let builder = match tls_from_env(builder) {
+        Ok(b) => b,
+        Err(msg) => return usage_error(&msg),
+    };
     // Every setting and URL is checked here, before anything connects or runs.
     let settings = match builder.clone().settings() {
         Ok(s) => s,
@@ -95,4 +100,20 @@ fn main() -> ExitCode {
         Action::Bench => probe::bench(builder, &args),
     };
     ExitCode::from(code)
+}
+
+/// The TLS settings from `QUORUMLOCK_TLS_CA_FILE`, `QUORUMLOCK_TLS_CERT` and
+/// `QUORUMLOCK_TLS_KEY` (files are read when the settings are checked).
+#[cfg(feature = "tls")]
+fn tls_from_env(mut builder: quorumlock::Builder) -> Result<quorumlock::Builder, String> {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(ca) = var("QUORUMLOCK_TLS_CA_FILE") {
+        builder = builder.tls_ca_file(ca);
+    }
+    match (var("QUORUMLOCK_TLS_CERT"), var("QUORUMLOCK_TLS_KEY")) {
+        (Some(cert), Some(key)) => builder = builder.tls_client_cert(cert, key),
+        (None, None) => {}
+        _ => return Err("QUORUMLOCK_TLS_CERT and QUORUMLOCK_TLS_KEY go together".into()),
+    }
+    Ok(builder)
 }
