@@ -417,7 +417,7 @@ pub struct Settings {
     pub max_hold: Option<Duration>,
     /// The TLS client configuration of the `rediss://` nodes (none without them).
     #[cfg(feature = "tls")]
-    pub(crate) tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    pub(crate) tls: Option<crate::tls::TlsConfig>,
 }
 
 /// Builds a [`Redlock`]: set the nodes, optionally tune, then [`Builder::build`].
@@ -992,6 +992,39 @@ mod tests {
             .settings()
             .unwrap();
         assert!(s.tls.is_some());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    #[cfg(feature = "tls")]
+    fn tls_settings_keep_the_auto_traits_and_a_short_debug() {
+        // The feature takes no auto trait away from the settings (features are additive:
+        // a crate that catches panics around them must still build when another one
+        // turns `tls` on).
+        fn unwind_safe<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe + Send + Sync>(_: &T) {
+        }
+        let dir = std::env::temp_dir().join(format!("quorumlock-unit-dbg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["ca.test".into()]).unwrap();
+        std::fs::write(dir.join("ca.pem"), ca.cert.pem()).unwrap();
+        let s = Builder::default()
+            .node("rediss://app:s3cret@127.0.0.1:6380")
+            .tls_ca_file(dir.join("ca.pem"))
+            .settings()
+            .unwrap();
+        unwind_safe(&s);
+        // The configuration is summed up, not dumped (a derived Debug printed every trust
+        // root byte by byte: the whole platform bundle).
+        let shown = format!("{s:?}");
+        assert!(shown.len() < 2000, "{} bytes: {shown}", shown.len());
+        assert!(shown.contains("TlsConfig"), "{shown}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        let skipped = Builder::default()
+            .node("rediss://127.0.0.1:6380")
+            .dangerous_skip_tls_verification()
+            .settings()
+            .unwrap();
+        assert!(format!("{skipped:?}").contains("SKIPPED"), "{skipped:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -97,7 +97,7 @@ impl Stream {
                 s.set_nodelay(true)?;
                 #[cfg(feature = "tls")]
                 if let (Some(name), Some(config)) = (&node.tls, &settings.tls) {
-                    let conn = rustls::ClientConnection::new(config.clone(), name.clone())
+                    let conn = rustls::ClientConnection::new(config.get().clone(), name.clone())
                         .map_err(io::Error::other)?;
                     return Ok(Stream::Tls(Box::new(rustls::StreamOwned::new(conn, s))));
                 }

@@ -54,6 +54,42 @@ pub(crate) struct TlsOptions {
     pub skip_verification: bool,
 }
 
+/// The client configuration of the `rediss://` nodes, as [`Settings`](crate::Settings)
+/// holds it: shared by every connection, and summed up by `Debug` (a derived one would
+/// print every trust root, the whole platform bundle, byte by byte).
+///
+/// Unwind-safe, as the settings are without the feature (the feature must not take an
+/// auto trait away): the configuration is never changed once built, and its one
+/// interior mutability, rustls' session cache, sits behind a mutex whose worst state after
+/// a panic is a resumption missed.
+#[derive(Clone)]
+pub(crate) struct TlsConfig {
+    config: Arc<ClientConfig>,
+    roots: Option<usize>,
+    client_cert: bool,
+}
+
+impl std::panic::UnwindSafe for TlsConfig {}
+impl std::panic::RefUnwindSafe for TlsConfig {}
+
+impl TlsConfig {
+    /// The rustls configuration.
+    pub fn get(&self) -> &Arc<ClientConfig> {
+        &self.config
+    }
+}
+
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("TlsConfig");
+        match self.roots {
+            Some(roots) => d.field("trust_roots", &roots),
+            None => d.field("verification", &"SKIPPED (dangerous_skip_tls_verification)"),
+        };
+        d.field("client_cert", &self.client_cert).finish()
+    }
+}
+
 /// The crypto provider: ring (see the README's TLS section for why).
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -62,7 +98,7 @@ fn provider() -> Arc<CryptoProvider> {
 impl TlsOptions {
     /// The client configuration for these settings: reads the CA and client
     /// certificate files. A problem is a [`ConfigError`] naming the setting.
-    pub fn client_config(&self) -> Result<Arc<ClientConfig>, ConfigError> {
+    pub fn client_config(&self) -> Result<TlsConfig, ConfigError> {
         // The client certificate first: its problems are named whatever the roots.
         let client = match &self.client_cert {
             None => None,
@@ -82,13 +118,17 @@ impl TlsOptions {
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| ConfigError::new("tls", "", e.to_string()))?;
+        let mut root_count = None;
         let builder = if self.skip_verification {
             builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
         } else {
-            builder.with_root_certificates(self.roots()?)
+            let roots = self.roots()?;
+            root_count = Some(roots.len());
+            builder.with_root_certificates(roots)
         };
+        let client_cert = client.is_some();
         let mut config = match client {
             None => builder.with_no_client_auth(),
             Some((chain, key, bad)) => builder
@@ -97,7 +137,11 @@ impl TlsOptions {
         };
         // Redis speaks no ALPN; keep the defaults otherwise.
         config.enable_sni = true;
-        Ok(Arc::new(config))
+        Ok(TlsConfig {
+            config: Arc::new(config),
+            roots: root_count,
+            client_cert,
+        })
     }
 
     /// The trust roots: the platform's bundle (`SSL_CERT_FILE`, else the first of
@@ -490,7 +534,8 @@ mod tests {
             ..Default::default()
         }
         .client_config()
-        .unwrap();
+        .unwrap()
+        .config;
         let tcp = TcpStream::connect(([127, 0, 0, 1], port).into()).unwrap();
         let mut conn = TlsConn::new(tcp, config, server_name("localhost").unwrap()).unwrap();
         let mut poll = Poll::new().unwrap();

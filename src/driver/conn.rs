@@ -63,7 +63,7 @@ pub(crate) struct Net {
     base: usize,
     /// The TLS configuration, when some node is `rediss://`.
     #[cfg(feature = "tls")]
-    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    tls: Option<crate::tls::TlsConfig>,
 }
 
 impl Net {
@@ -136,7 +136,7 @@ impl Net {
             // `Settings` carries a configuration whenever a node is `rediss://`.
             return Err(NodeError::Tls("no TLS configuration".into()));
         };
-        let conn = crate::tls::TlsConn::new(tcp, config.clone(), name)?;
+        let conn = crate::tls::TlsConn::new(tcp, config.get().clone(), name)?;
         self.register(node, Stream::Tls(Box::new(conn)))
     }
 
