@@ -448,3 +448,48 @@ fn a_frozen_tls_node_costs_nothing_and_a_restarted_one_rejoins() {
         }));
     }
 }
+
+#[test]
+fn inspect_is_bounded_against_a_node_that_trickles_its_handshake() {
+    use std::io::Write;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // Answers the ClientHello with the header of a 16 KiB handshake record, then its body
+    // one byte every 10 ms: every read gets something, none completes a record.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut sock, _) = listener.accept().unwrap();
+            let _ = sock.write_all(&[0x16, 0x03, 0x03, 0x40, 0x00]);
+            while !stop.load(Ordering::Relaxed) && sock.write_all(&[0]).is_ok() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    let settings = Redlock::builder()
+        .node(format!("rediss://127.0.0.1:{port}"))
+        .dangerous_skip_tls_verification()
+        .connect_timeout(Duration::from_millis(300))
+        .node_timeout(Duration::from_millis(200))
+        .settings()
+        .unwrap();
+    let start = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(quorumlock::inspect(&settings, b"tls:trickle")));
+    // Its bound is connect_timeout + node_timeout (0.5 s); the trickle would last 160 s.
+    let views = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("inspect returned within its bound");
+    let took = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    server.join().unwrap();
+    let e = views[0]
+        .as_ref()
+        .expect_err("no view from a trickle")
+        .to_string();
+    assert!(e.contains("TLS"), "{e}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
