@@ -479,9 +479,9 @@ mod tests {
     use std::sync::mpsc;
     use std::time::{Duration, Instant};
 
-    /// A TLS server on loopback that completes the handshake, then reads nothing until
-    /// told to, then reads `len` bytes of plaintext and returns them.
-    fn server(len: usize) -> (u16, mpsc::Sender<()>, std::thread::JoinHandle<Vec<u8>>) {
+    /// A TLS server's listener on loopback and configuration, with a self-signed
+    /// certificate for `localhost` only (returned as PEM, to trust it).
+    fn listening() -> (TcpListener, u16, rustls::ServerConfig, String) {
         let rcgen::CertifiedKey { cert, signing_key } =
             rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
         let key = PrivatePkcs8KeyDer::from(signing_key.serialize_der());
@@ -493,15 +493,52 @@ mod tests {
             .unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
+        (listener, port, config, cert.pem())
+    }
+
+    /// The server side of one connection on `listener`, its handshake done (or failed).
+    fn accept(
+        listener: TcpListener,
+        config: rustls::ServerConfig,
+    ) -> Result<(rustls::ServerConnection, std::net::TcpStream), rustls::Error> {
+        let (mut sock, _) = listener.accept().unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut conn = rustls::ServerConnection::new(Arc::new(config)).unwrap();
+        while conn.is_handshaking() {
+            if let Err(e) = conn.complete_io(&mut sock) {
+                return Err(e
+                    .get_ref()
+                    .and_then(|e| e.downcast_ref::<rustls::Error>())
+                    .cloned()
+                    .unwrap_or(rustls::Error::General(e.to_string())));
+            }
+        }
+        Ok((conn, sock))
+    }
+
+    /// A client connection to `port` as host `name`, registered with a new `Poll`.
+    fn connect(port: u16, config: &TlsConfig, name: &str) -> (TlsConn, Poll, Events) {
+        let tcp = TcpStream::connect(([127, 0, 0, 1], port).into()).unwrap();
+        let mut conn = TlsConn::new(tcp, config.get().clone(), server_name(name).unwrap()).unwrap();
+        let poll = Poll::new().unwrap();
+        poll.registry()
+            .register(
+                &mut conn.tcp,
+                Token(0),
+                Interest::READABLE | Interest::WRITABLE,
+            )
+            .unwrap();
+        (conn, poll, Events::with_capacity(8))
+    }
+
+    /// A TLS server on loopback that completes the handshake, then reads nothing until
+    /// told to, then reads `len` bytes of plaintext and returns them.
+    fn server(len: usize) -> (u16, mpsc::Sender<()>, std::thread::JoinHandle<Vec<u8>>) {
+        let (listener, port, config, _) = listening();
         let (go, wait) = mpsc::channel();
         let handle = std::thread::spawn(move || {
-            let (mut sock, _) = listener.accept().unwrap();
-            sock.set_read_timeout(Some(Duration::from_secs(30)))
-                .unwrap();
-            let mut conn = rustls::ServerConnection::new(Arc::new(config)).unwrap();
-            while conn.is_handshaking() {
-                conn.complete_io(&mut sock).unwrap();
-            }
+            let (conn, sock) = accept(listener, config).unwrap();
             wait.recv().unwrap();
             let mut tls = rustls::StreamOwned::new(conn, sock);
             let mut got = vec![0; len];
@@ -534,19 +571,8 @@ mod tests {
             ..Default::default()
         }
         .client_config()
-        .unwrap()
-        .config;
-        let tcp = TcpStream::connect(([127, 0, 0, 1], port).into()).unwrap();
-        let mut conn = TlsConn::new(tcp, config, server_name("localhost").unwrap()).unwrap();
-        let mut poll = Poll::new().unwrap();
-        let mut events = Events::with_capacity(8);
-        poll.registry()
-            .register(
-                &mut conn.tcp,
-                Token(0),
-                Interest::READABLE | Interest::WRITABLE,
-            )
-            .unwrap();
+        .unwrap();
+        let (mut conn, mut poll, mut events) = connect(port, &config, "localhost");
         let deadline = Instant::now() + Duration::from_secs(60);
         while !(conn.tcp.peer_addr().is_ok() && conn.handshake().unwrap()) {
             wait(&mut poll, &mut events, deadline);
@@ -577,5 +603,60 @@ mod tests {
         }
         let got = server.join().unwrap();
         assert!(got == data, "the server got every byte once, in order");
+    }
+
+    /// The client's handshake, as host `name`, with a server whose certificate names
+    /// `localhost` only (trusted through `tls_ca_file`); and the SNI the server was sent,
+    /// or why its side failed.
+    fn handshake_as(name: &str) -> (Result<(), NodeError>, Result<Option<String>, rustls::Error>) {
+        let (listener, port, server_config, pem) = listening();
+        let server = std::thread::spawn(move || {
+            accept(listener, server_config).map(|(c, _)| c.server_name().map(str::to_string))
+        });
+        let dir =
+            std::env::temp_dir().join(format!("quorumlock-unit-sni-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("ca.pem"), pem).unwrap();
+        let config = TlsOptions {
+            ca_file: Some(dir.join("ca.pem")),
+            ..Default::default()
+        }
+        .client_config()
+        .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let (mut conn, mut poll, mut events) = connect(port, &config, name);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let client = loop {
+            wait(&mut poll, &mut events, deadline);
+            if conn.tcp.peer_addr().is_err() {
+                continue;
+            }
+            match conn.handshake() {
+                Ok(true) => break Ok(()),
+                Ok(false) => {}
+                Err(e) => break Err(e),
+            }
+        };
+        drop(conn);
+        (client, server.join().unwrap())
+    }
+
+    #[test]
+    fn the_host_is_sent_as_sni_and_verified_in_the_certificate() {
+        // A name in the certificate: sent as SNI, accepted.
+        let (client, server) = handshake_as("localhost");
+        client.unwrap();
+        assert_eq!(server.unwrap().as_deref(), Some("localhost"));
+
+        // The same server reached by an address its certificate does not name: refused by
+        // the client, the error naming what the certificate is valid for (an IP address is
+        // checked against IP SANs, and never sent as SNI).
+        let (client, server) = handshake_as("127.0.0.1");
+        let e = client
+            .expect_err("a certificate for another name")
+            .to_string();
+        assert!(e.contains("TLS handshake failed"), "{e}");
+        assert!(e.contains("127.0.0.1") && e.contains("localhost"), "{e}");
+        assert!(server.is_err(), "the server saw the handshake fail");
     }
 }
