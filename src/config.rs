@@ -686,11 +686,12 @@ impl Builder {
         self
     }
 
-    /// A PEM file of CA certificates that `rediss://` nodes' certificates may chain to,
-    /// added to the platform's trust roots (the bundle named by `SSL_CERT_FILE`, else
-    /// the first of `/etc/ssl/certs/ca-certificates.crt`,
-    /// `/etc/pki/tls/certs/ca-bundle.crt`, `/etc/ssl/ca-bundle.pem`, `/etc/ssl/cert.pem`
-    /// that exists). Without it the platform's roots alone are trusted; with neither,
+    /// A PEM file of CA certificates that `rediss://` nodes' certificates must chain to:
+    /// the only trust roots when set (as `redis-cli --cacert`: a private CA, and no
+    /// public CA besides it can vouch for a node). Without it the platform's roots are
+    /// trusted (the bundle named by `SSL_CERT_FILE`, else the first of
+    /// `/etc/ssl/certs/ca-certificates.crt`, `/etc/pki/tls/certs/ca-bundle.crt`,
+    /// `/etc/ssl/ca-bundle.pem`, `/etc/ssl/cert.pem` that exists); with neither,
     /// building fails with a [`ConfigError`] that says so. The file is read when the
     /// settings are checked ([`Builder::build`]): a missing or malformed one is a
     /// [`ConfigError`] naming `tls_ca_file`.
@@ -1025,6 +1026,9 @@ mod tests {
             .settings()
             .unwrap();
         assert!(format!("{skipped:?}").contains("SKIPPED"), "{skipped:?}");
+        // A CA file is the only root: the platform's bundle (SSL_CERT_FILE, or
+        // /etc/ssl/certs/... here) is not added to it.
+        assert!(shown.contains("trust_roots: 1,"), "{shown}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -144,10 +144,23 @@ impl TlsOptions {
         })
     }
 
-    /// The trust roots: the platform's bundle (`SSL_CERT_FILE`, else the first of
-    /// [`PLATFORM_BUNDLES`] that exists), plus every certificate of `ca_file`.
+    /// The trust roots: every certificate of `ca_file` when it is set, and only those
+    /// (a private CA: with the platform's bundle beside it, any public CA could vouch for
+    /// a node's name); else the platform's bundle (`SSL_CERT_FILE`, else the first of
+    /// [`PLATFORM_BUNDLES`] that exists).
     fn roots(&self) -> Result<RootCertStore, ConfigError> {
         let mut roots = RootCertStore::empty();
+        if let Some(ca) = &self.ca_file {
+            let bad = |problem: String| {
+                ConfigError::new("tls_ca_file", ca.display().to_string(), problem)
+            };
+            for cert in read_certs(ca).map_err(bad)? {
+                roots
+                    .add(cert)
+                    .map_err(|e| bad(format!("not a usable CA certificate: {e}")))?;
+            }
+            return Ok(roots);
+        }
         let platform = std::env::var_os("SSL_CERT_FILE")
             .map(PathBuf::from)
             .or_else(|| {
@@ -160,16 +173,6 @@ impl TlsOptions {
             // A bundle may hold the odd certificate webpki cannot use: skip those.
             if let Ok(certs) = CertificateDer::pem_file_iter(path) {
                 roots.add_parsable_certificates(certs.filter_map(Result::ok));
-            }
-        }
-        if let Some(ca) = &self.ca_file {
-            let bad = |problem: String| {
-                ConfigError::new("tls_ca_file", ca.display().to_string(), problem)
-            };
-            for cert in read_certs(ca).map_err(bad)? {
-                roots
-                    .add(cert)
-                    .map_err(|e| bad(format!("not a usable CA certificate: {e}")))?;
             }
         }
         if roots.is_empty() {
