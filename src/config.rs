@@ -696,6 +696,8 @@ impl Builder {
     /// settings are checked ([`Builder::build`]): a missing or malformed one is a
     /// [`ConfigError`] naming `tls_ca_file`.
     ///
+    /// Available with the `tls` feature only.
+    ///
     /// # Example
     ///
     /// ```
@@ -719,6 +721,8 @@ impl Builder {
     /// private key (PEM: PKCS#8, PKCS#1 or SEC1) for servers that require one
     /// (`tls-auth-clients yes`): mutual TLS. Read when the settings are checked; a
     /// problem is a [`ConfigError`] naming `tls_client_cert`.
+    ///
+    /// Available with the `tls` feature only.
     ///
     /// # Example
     ///
@@ -749,6 +753,8 @@ impl Builder {
     /// as the node, read the passwords and tokens, and grant or steal locks. For test
     /// setups with throwaway certificates only; prefer [`Builder::tls_ca_file`] with the
     /// test CA.
+    ///
+    /// Available with the `tls` feature only.
     ///
     /// # Example
     ///
