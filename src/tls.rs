@@ -327,6 +327,9 @@ impl Read for Tracked<'_> {
 /// One TLS connection over a non-blocking socket.
 pub(crate) struct TlsConn {
     pub tcp: TcpStream,
+    /// Set once the TCP connection was seen established: from then on its errors are
+    /// the handshake's (or the session's), found by reading and writing.
+    pub tcp_up: bool,
     conn: ClientConnection,
 }
 
@@ -338,7 +341,11 @@ impl TlsConn {
     ) -> io::Result<TlsConn> {
         let mut conn = ClientConnection::new(config, name).map_err(io::Error::other)?;
         conn.set_buffer_limit(Some(BUFFER_LIMIT));
-        Ok(TlsConn { tcp, conn })
+        Ok(TlsConn {
+            tcp,
+            tcp_up: false,
+            conn,
+        })
     }
 
     /// Whether TLS records wait for the socket.
@@ -372,8 +379,17 @@ impl TlsConn {
         }
     }
 
-    /// Drives the handshake as far as the socket allows: `Ok(true)` once it is done.
+    /// Drives the handshake as far as the socket allows: `Ok(true)` once it is done. A
+    /// socket error says it came in the handshake (a reset there is most often a node
+    /// that does not speak TLS, or refuses us), and stays an I/O error.
     pub fn handshake(&mut self) -> Result<bool, NodeError> {
+        self.drive_handshake().map_err(|e| match e {
+            NodeError::Io(kind, msg) => NodeError::Io(kind, format!("in the TLS handshake: {msg}")),
+            e => e,
+        })
+    }
+
+    fn drive_handshake(&mut self) -> Result<bool, NodeError> {
         loop {
             self.flush()?;
             if !self.conn.is_handshaking() {
@@ -535,6 +551,39 @@ mod tests {
         (conn, poll, Events::with_capacity(8))
     }
 
+    /// A client configuration that accepts any server certificate.
+    fn unverified() -> TlsConfig {
+        TlsOptions {
+            skip_verification: true,
+            ..Default::default()
+        }
+        .client_config()
+        .unwrap()
+    }
+
+    /// Drives the client's handshake on readiness events (as the driver does) until it
+    /// is done or fails.
+    fn handshake_on_events(
+        conn: &mut TlsConn,
+        poll: &mut Poll,
+        events: &mut Events,
+    ) -> Result<(), NodeError> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            wait(poll, events, deadline);
+            if !conn.tcp_up {
+                // Checked once: a reset socket has no peer address either.
+                if conn.tcp.peer_addr().is_err() {
+                    continue;
+                }
+                conn.tcp_up = true;
+            }
+            if conn.handshake()? {
+                return Ok(());
+            }
+        }
+    }
+
     /// A TLS server on loopback that completes the handshake, then reads nothing until
     /// told to, then reads `len` bytes of plaintext and returns them.
     fn server(len: usize) -> (u16, mpsc::Sender<()>, std::thread::JoinHandle<Vec<u8>>) {
@@ -569,13 +618,7 @@ mod tests {
         // More than any loopback socket pair buffers while the server does not read.
         let data: Vec<u8> = (0..8 << 20).map(|i: usize| (i % 251) as u8).collect();
         let (port, go, server) = server(data.len());
-        let config = TlsOptions {
-            skip_verification: true,
-            ..Default::default()
-        }
-        .client_config()
-        .unwrap();
-        let (mut conn, mut poll, mut events) = connect(port, &config, "localhost");
+        let (mut conn, mut poll, mut events) = connect(port, &unverified(), "localhost");
         let deadline = Instant::now() + Duration::from_secs(60);
         while !(conn.tcp.peer_addr().is_ok() && conn.handshake().unwrap()) {
             wait(&mut poll, &mut events, deadline);
@@ -628,18 +671,7 @@ mod tests {
         .unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         let (mut conn, mut poll, mut events) = connect(port, &config, name);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let client = loop {
-            wait(&mut poll, &mut events, deadline);
-            if conn.tcp.peer_addr().is_err() {
-                continue;
-            }
-            match conn.handshake() {
-                Ok(true) => break Ok(()),
-                Ok(false) => {}
-                Err(e) => break Err(e),
-            }
-        };
+        let client = handshake_on_events(&mut conn, &mut poll, &mut events);
         drop(conn);
         (client, server.join().unwrap())
     }
@@ -661,5 +693,24 @@ mod tests {
         assert!(e.contains("TLS handshake failed"), "{e}");
         assert!(e.contains("127.0.0.1") && e.contains("localhost"), "{e}");
         assert!(server.is_err(), "the server saw the handshake fail");
+    }
+
+    #[test]
+    fn a_reset_in_the_handshake_says_so() {
+        // A server that reads nothing: closing with the ClientHello unread resets the
+        // connection.
+        let (listener, port, _, _) = listening();
+        let server = std::thread::spawn(move || {
+            let (sock, _) = listener.accept().unwrap();
+            sock.peek(&mut [0]).unwrap();
+        });
+        let (mut conn, mut poll, mut events) = connect(port, &unverified(), "localhost");
+        let e = handshake_on_events(&mut conn, &mut poll, &mut events)
+            .expect_err("a handshake with nobody");
+        server.join().unwrap();
+        assert!(
+            matches!(&e, NodeError::Io(io::ErrorKind::ConnectionReset, m) if m.contains("TLS handshake")),
+            "{e:?}"
+        );
     }
 }

@@ -515,3 +515,66 @@ fn inspect_is_bounded_against_a_node_that_trickles_its_handshake() {
     assert!(e.contains("TLS"), "{e}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
 }
+
+#[test]
+fn a_reset_in_the_tls_handshake_says_so() {
+    // Nodes that take the connection, wait for the ClientHello and close without reading
+    // it: the kernel resets the connection.
+    let listeners: Vec<std::net::TcpListener> = (0..3)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let urls: Vec<String> = listeners
+        .iter()
+        .map(|l| format!("rediss://127.0.0.1:{}", l.local_addr().unwrap().port()))
+        .collect();
+    for l in &listeners {
+        l.set_nonblocking(true).unwrap();
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let resetter = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut idle = true;
+                for l in &listeners {
+                    if let Ok((sock, _)) = l.accept() {
+                        idle = false;
+                        sock.set_nonblocking(false).unwrap();
+                        sock.set_read_timeout(Some(Duration::from_secs(10)))
+                            .unwrap();
+                        let _ = sock.peek(&mut [0]);
+                    }
+                }
+                if idle {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        })
+    };
+    let mut rl = builder(&urls)
+        .dangerous_skip_tls_verification()
+        .build()
+        .unwrap();
+    // Every reset says it came in the handshake, whether it is met reading or (the next
+    // readiness event) as the socket's error.
+    let mut resets = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while resets.len() < 30 && Instant::now() < deadline {
+        let e = rl
+            .lock("tls:refused", Duration::from_secs(10))
+            .expect_err("no node may grant the lock");
+        resets.extend(
+            node_errors(&e)
+                .into_iter()
+                .flatten()
+                .filter(|e| e.contains("ConnectionReset")),
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    resetter.join().unwrap();
+    assert!(resets.len() >= 30, "{resets:?}");
+    assert!(
+        resets.iter().all(|e| e.contains("in the TLS handshake")),
+        "{resets:?}"
+    );
+}

@@ -254,8 +254,13 @@ impl Transport for Net {
 #[cfg(feature = "tls")]
 #[cold]
 fn tls_established(s: &mut crate::tls::TlsConn) -> Result<bool, NodeError> {
-    if !tcp_established(&s.tcp)? {
-        return Ok(false);
+    // TCP until it is up (then a reset is the handshake's: `tcp_established` would
+    // report it bare, as a connect error).
+    if !s.tcp_up {
+        if !tcp_established(&s.tcp)? {
+            return Ok(false);
+        }
+        s.tcp_up = true;
     }
     s.handshake()
 }
