@@ -419,7 +419,7 @@ pub struct Settings {
     pub(crate) observer: Option<crate::observer::Attached>,
     /// The TLS client configuration of the `rediss://` nodes (none without them).
     #[cfg(feature = "tls")]
-    pub(crate) tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    pub(crate) tls: Option<crate::tls::TlsConfig>,
 }
 
 /// Builds a [`Redlock`]: set the nodes, optionally tune, then [`Builder::build`].
@@ -726,14 +726,17 @@ impl Builder {
         self
     }
 
-    /// A PEM file of CA certificates that `rediss://` nodes' certificates may chain to,
-    /// added to the platform's trust roots (the bundle named by `SSL_CERT_FILE`, else
-    /// the first of `/etc/ssl/certs/ca-certificates.crt`,
-    /// `/etc/pki/tls/certs/ca-bundle.crt`, `/etc/ssl/ca-bundle.pem`, `/etc/ssl/cert.pem`
-    /// that exists). Without it the platform's roots alone are trusted; with neither,
+    /// A PEM file of CA certificates that `rediss://` nodes' certificates must chain to:
+    /// the only trust roots when set (as `redis-cli --cacert`: a private CA, and no
+    /// public CA besides it can vouch for a node). Without it the platform's roots are
+    /// trusted (the bundle named by `SSL_CERT_FILE`, else the first of
+    /// `/etc/ssl/certs/ca-certificates.crt`, `/etc/pki/tls/certs/ca-bundle.crt`,
+    /// `/etc/ssl/ca-bundle.pem`, `/etc/ssl/cert.pem` that exists); with neither,
     /// building fails with a [`ConfigError`] that says so. The file is read when the
     /// settings are checked ([`Builder::build`]): a missing or malformed one is a
     /// [`ConfigError`] naming `tls_ca_file`.
+    ///
+    /// Available with the `tls` feature only.
     ///
     /// # Example
     ///
@@ -758,6 +761,8 @@ impl Builder {
     /// private key (PEM: PKCS#8, PKCS#1 or SEC1) for servers that require one
     /// (`tls-auth-clients yes`): mutual TLS. Read when the settings are checked; a
     /// problem is a [`ConfigError`] naming `tls_client_cert`.
+    ///
+    /// Available with the `tls` feature only.
     ///
     /// # Example
     ///
@@ -788,6 +793,8 @@ impl Builder {
     /// as the node, read the passwords and tokens, and grant or steal locks. For test
     /// setups with throwaway certificates only; prefer [`Builder::tls_ca_file`] with the
     /// test CA.
+    ///
+    /// Available with the `tls` feature only.
     ///
     /// # Example
     ///
@@ -1033,6 +1040,42 @@ mod tests {
             .settings()
             .unwrap();
         assert!(s.tls.is_some());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    #[cfg(feature = "tls")]
+    fn tls_settings_keep_the_auto_traits_and_a_short_debug() {
+        // The feature takes no auto trait away from the settings (features are additive:
+        // a crate that catches panics around them must still build when another one
+        // turns `tls` on).
+        fn unwind_safe<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe + Send + Sync>(_: &T) {
+        }
+        let dir = std::env::temp_dir().join(format!("quorumlock-unit-dbg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["ca.test".into()]).unwrap();
+        std::fs::write(dir.join("ca.pem"), ca.cert.pem()).unwrap();
+        let s = Builder::default()
+            .node("rediss://app:s3cret@127.0.0.1:6380")
+            .tls_ca_file(dir.join("ca.pem"))
+            .settings()
+            .unwrap();
+        unwind_safe(&s);
+        // The configuration is summed up, not dumped (a derived Debug printed every trust
+        // root byte by byte: the whole platform bundle).
+        let shown = format!("{s:?}");
+        assert!(shown.len() < 2000, "{} bytes: {shown}", shown.len());
+        assert!(shown.contains("TlsConfig"), "{shown}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        let skipped = Builder::default()
+            .node("rediss://127.0.0.1:6380")
+            .dangerous_skip_tls_verification()
+            .settings()
+            .unwrap();
+        assert!(format!("{skipped:?}").contains("SKIPPED"), "{skipped:?}");
+        // A CA file is the only root: the platform's bundle (SSL_CERT_FILE, or
+        // /etc/ssl/certs/... here) is not added to it.
+        assert!(shown.contains("trust_roots: 1,"), "{shown}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -84,9 +84,50 @@ enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
     /// A `rediss://` node: rustls over the blocking socket (the handshake runs with the
-    /// first write, under the socket's timeouts).
+    /// first write), every socket call under what is left of the deadline.
     #[cfg(feature = "tls")]
-    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, Deadlined>>),
+}
+
+/// A socket whose every read and write waits at most until `deadline`: rustls reads the
+/// socket as often as it takes to complete a record or the handshake, so a per-call
+/// timeout alone would let a server that trickles bytes hold it for ever.
+#[cfg(feature = "tls")]
+struct Deadlined {
+    sock: TcpStream,
+    deadline: Instant,
+}
+
+#[cfg(feature = "tls")]
+impl Deadlined {
+    fn arm(&self) -> io::Result<()> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.sock.set_read_timeout(Some(left))?;
+        self.sock.set_write_timeout(Some(left))
+    }
+}
+
+#[cfg(feature = "tls")]
+impl Read for Deadlined {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.sock.read(buf)
+    }
+}
+
+#[cfg(feature = "tls")]
+impl Write for Deadlined {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.arm()?;
+        self.sock.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.sock.flush()
+    }
 }
 
 impl Stream {
@@ -97,9 +138,13 @@ impl Stream {
                 s.set_nodelay(true)?;
                 #[cfg(feature = "tls")]
                 if let (Some(name), Some(config)) = (&node.tls, &settings.tls) {
-                    let conn = rustls::ClientConnection::new(config.clone(), name.clone())
+                    let conn = rustls::ClientConnection::new(config.get().clone(), name.clone())
                         .map_err(io::Error::other)?;
-                    return Ok(Stream::Tls(Box::new(rustls::StreamOwned::new(conn, s))));
+                    let sock = Deadlined {
+                        sock: s,
+                        deadline: Instant::now() + settings.connect_timeout,
+                    };
+                    return Ok(Stream::Tls(Box::new(rustls::StreamOwned::new(conn, sock))));
                 }
                 Ok(Stream::Tcp(s))
             }
@@ -107,7 +152,7 @@ impl Stream {
         }
     }
 
-    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+    fn set_timeouts(&mut self, t: Duration) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => {
                 s.set_read_timeout(Some(t))?;
@@ -119,8 +164,8 @@ impl Stream {
             }
             #[cfg(feature = "tls")]
             Stream::Tls(s) => {
-                s.sock.set_read_timeout(Some(t))?;
-                s.sock.set_write_timeout(Some(t))
+                s.sock.deadline = Instant::now() + t;
+                Ok(())
             }
         }
     }

@@ -54,6 +54,42 @@ pub(crate) struct TlsOptions {
     pub skip_verification: bool,
 }
 
+/// The client configuration of the `rediss://` nodes, as [`Settings`](crate::Settings)
+/// holds it: shared by every connection, and summed up by `Debug` (a derived one would
+/// print every trust root, the whole platform bundle, byte by byte).
+///
+/// Unwind-safe, as the settings are without the feature (the feature must not take an
+/// auto trait away): the configuration is never changed once built, and its one
+/// interior mutability, rustls' session cache, sits behind a mutex whose worst state after
+/// a panic is a resumption missed.
+#[derive(Clone)]
+pub(crate) struct TlsConfig {
+    config: Arc<ClientConfig>,
+    roots: Option<usize>,
+    client_cert: bool,
+}
+
+impl std::panic::UnwindSafe for TlsConfig {}
+impl std::panic::RefUnwindSafe for TlsConfig {}
+
+impl TlsConfig {
+    /// The rustls configuration.
+    pub fn get(&self) -> &Arc<ClientConfig> {
+        &self.config
+    }
+}
+
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("TlsConfig");
+        match self.roots {
+            Some(roots) => d.field("trust_roots", &roots),
+            None => d.field("verification", &"SKIPPED (dangerous_skip_tls_verification)"),
+        };
+        d.field("client_cert", &self.client_cert).finish()
+    }
+}
+
 /// The crypto provider: ring (see the README's TLS section for why).
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -62,7 +98,7 @@ fn provider() -> Arc<CryptoProvider> {
 impl TlsOptions {
     /// The client configuration for these settings: reads the CA and client
     /// certificate files. A problem is a [`ConfigError`] naming the setting.
-    pub fn client_config(&self) -> Result<Arc<ClientConfig>, ConfigError> {
+    pub fn client_config(&self) -> Result<TlsConfig, ConfigError> {
         // The client certificate first: its problems are named whatever the roots.
         let client = match &self.client_cert {
             None => None,
@@ -82,13 +118,17 @@ impl TlsOptions {
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| ConfigError::new("tls", "", e.to_string()))?;
+        let mut root_count = None;
         let builder = if self.skip_verification {
             builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
         } else {
-            builder.with_root_certificates(self.roots()?)
+            let roots = self.roots()?;
+            root_count = Some(roots.len());
+            builder.with_root_certificates(roots)
         };
+        let client_cert = client.is_some();
         let mut config = match client {
             None => builder.with_no_client_auth(),
             Some((chain, key, bad)) => builder
@@ -97,13 +137,30 @@ impl TlsOptions {
         };
         // Redis speaks no ALPN; keep the defaults otherwise.
         config.enable_sni = true;
-        Ok(Arc::new(config))
+        Ok(TlsConfig {
+            config: Arc::new(config),
+            roots: root_count,
+            client_cert,
+        })
     }
 
-    /// The trust roots: the platform's bundle (`SSL_CERT_FILE`, else the first of
-    /// [`PLATFORM_BUNDLES`] that exists), plus every certificate of `ca_file`.
+    /// The trust roots: every certificate of `ca_file` when it is set, and only those
+    /// (a private CA: with the platform's bundle beside it, any public CA could vouch for
+    /// a node's name); else the platform's bundle (`SSL_CERT_FILE`, else the first of
+    /// [`PLATFORM_BUNDLES`] that exists).
     fn roots(&self) -> Result<RootCertStore, ConfigError> {
         let mut roots = RootCertStore::empty();
+        if let Some(ca) = &self.ca_file {
+            let bad = |problem: String| {
+                ConfigError::new("tls_ca_file", ca.display().to_string(), problem)
+            };
+            for cert in read_certs(ca).map_err(bad)? {
+                roots
+                    .add(cert)
+                    .map_err(|e| bad(format!("not a usable CA certificate: {e}")))?;
+            }
+            return Ok(roots);
+        }
         let platform = std::env::var_os("SSL_CERT_FILE")
             .map(PathBuf::from)
             .or_else(|| {
@@ -116,16 +173,6 @@ impl TlsOptions {
             // A bundle may hold the odd certificate webpki cannot use: skip those.
             if let Ok(certs) = CertificateDer::pem_file_iter(path) {
                 roots.add_parsable_certificates(certs.filter_map(Result::ok));
-            }
-        }
-        if let Some(ca) = &self.ca_file {
-            let bad = |problem: String| {
-                ConfigError::new("tls_ca_file", ca.display().to_string(), problem)
-            };
-            for cert in read_certs(ca).map_err(bad)? {
-                roots
-                    .add(cert)
-                    .map_err(|e| bad(format!("not a usable CA certificate: {e}")))?;
             }
         }
         if roots.is_empty() {
@@ -280,6 +327,9 @@ impl Read for Tracked<'_> {
 /// One TLS connection over a non-blocking socket.
 pub(crate) struct TlsConn {
     pub tcp: TcpStream,
+    /// Set once the TCP connection was seen established: from then on its errors are
+    /// the handshake's (or the session's), found by reading and writing.
+    pub tcp_up: bool,
     conn: ClientConnection,
 }
 
@@ -291,7 +341,11 @@ impl TlsConn {
     ) -> io::Result<TlsConn> {
         let mut conn = ClientConnection::new(config, name).map_err(io::Error::other)?;
         conn.set_buffer_limit(Some(BUFFER_LIMIT));
-        Ok(TlsConn { tcp, conn })
+        Ok(TlsConn {
+            tcp,
+            tcp_up: false,
+            conn,
+        })
     }
 
     /// Whether TLS records wait for the socket.
@@ -325,8 +379,17 @@ impl TlsConn {
         }
     }
 
-    /// Drives the handshake as far as the socket allows: `Ok(true)` once it is done.
+    /// Drives the handshake as far as the socket allows: `Ok(true)` once it is done. A
+    /// socket error says it came in the handshake (a reset there is most often a node
+    /// that does not speak TLS, or refuses us), and stays an I/O error.
     pub fn handshake(&mut self) -> Result<bool, NodeError> {
+        self.drive_handshake().map_err(|e| match e {
+            NodeError::Io(kind, msg) => NodeError::Io(kind, format!("in the TLS handshake: {msg}")),
+            e => e,
+        })
+    }
+
+    fn drive_handshake(&mut self) -> Result<bool, NodeError> {
         loop {
             self.flush()?;
             if !self.conn.is_handshaking() {
@@ -435,11 +498,9 @@ mod tests {
     use std::sync::mpsc;
     use std::time::{Duration, Instant};
 
-    /// A TLS server on loopback that completes the handshake, then hands its connection
-    /// to `then` (on its own thread), whose result `join` gives.
-    fn server<T: Send + 'static>(
-        then: impl FnOnce(rustls::ServerConnection, std::net::TcpStream) -> T + Send + 'static,
-    ) -> (u16, std::thread::JoinHandle<T>) {
+    /// A TLS server's listener on loopback and configuration, with a self-signed
+    /// certificate for `localhost` only (returned as PEM, to trust it).
+    fn listening() -> (TcpListener, u16, rustls::ServerConfig, String) {
         let rcgen::CertifiedKey { cert, signing_key } =
             rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
         let key = PrivatePkcs8KeyDer::from(signing_key.serialize_der());
@@ -451,30 +512,35 @@ mod tests {
             .unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let handle = std::thread::spawn(move || {
-            let (mut sock, _) = listener.accept().unwrap();
-            sock.set_read_timeout(Some(Duration::from_secs(30)))
-                .unwrap();
-            let mut conn = rustls::ServerConnection::new(Arc::new(config)).unwrap();
-            while conn.is_handshaking() {
-                conn.complete_io(&mut sock).unwrap();
-            }
-            then(conn, sock)
-        });
-        (port, handle)
+        (listener, port, config, cert.pem())
     }
 
-    /// A client connection to `port` (any certificate accepted), its handshake done,
-    /// registered on `poll`.
-    fn client(port: u16, poll: &mut Poll, deadline: Instant) -> TlsConn {
-        let config = TlsOptions {
-            skip_verification: true,
-            ..Default::default()
+    /// The server side of one connection on `listener`, its handshake done (or failed).
+    fn accept(
+        listener: TcpListener,
+        config: rustls::ServerConfig,
+    ) -> Result<(rustls::ServerConnection, std::net::TcpStream), rustls::Error> {
+        let (mut sock, _) = listener.accept().unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut conn = rustls::ServerConnection::new(Arc::new(config)).unwrap();
+        while conn.is_handshaking() {
+            if let Err(e) = conn.complete_io(&mut sock) {
+                return Err(e
+                    .get_ref()
+                    .and_then(|e| e.downcast_ref::<rustls::Error>())
+                    .cloned()
+                    .unwrap_or(rustls::Error::General(e.to_string())));
+            }
         }
-        .client_config()
-        .unwrap();
+        Ok((conn, sock))
+    }
+
+    /// A client connection to `port` as host `name`, registered with a new `Poll`.
+    fn connect(port: u16, config: &TlsConfig, name: &str) -> (TlsConn, Poll, Events) {
         let tcp = TcpStream::connect(([127, 0, 0, 1], port).into()).unwrap();
-        let mut conn = TlsConn::new(tcp, config, server_name("localhost").unwrap()).unwrap();
+        let mut conn = TlsConn::new(tcp, config.get().clone(), server_name(name).unwrap()).unwrap();
+        let poll = Poll::new().unwrap();
         poll.registry()
             .register(
                 &mut conn.tcp,
@@ -482,11 +548,56 @@ mod tests {
                 Interest::READABLE | Interest::WRITABLE,
             )
             .unwrap();
-        let mut events = Events::with_capacity(8);
-        while !(conn.tcp.peer_addr().is_ok() && conn.handshake().unwrap()) {
-            wait(poll, &mut events, deadline);
+        (conn, poll, Events::with_capacity(8))
+    }
+
+    /// A client configuration that accepts any server certificate.
+    fn unverified() -> TlsConfig {
+        TlsOptions {
+            skip_verification: true,
+            ..Default::default()
         }
-        conn
+        .client_config()
+        .unwrap()
+    }
+
+    /// Drives the client's handshake on readiness events (as the driver does) until it
+    /// is done or fails.
+    fn handshake_on_events(
+        conn: &mut TlsConn,
+        poll: &mut Poll,
+        events: &mut Events,
+    ) -> Result<(), NodeError> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            wait(poll, events, deadline);
+            if !conn.tcp_up {
+                // Checked once: a reset socket has no peer address either.
+                if conn.tcp.peer_addr().is_err() {
+                    continue;
+                }
+                conn.tcp_up = true;
+            }
+            if conn.handshake()? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// A TLS server on loopback that completes the handshake, then reads nothing until
+    /// told to, then reads `len` bytes of plaintext and returns them.
+    fn server(len: usize) -> (u16, mpsc::Sender<()>, std::thread::JoinHandle<Vec<u8>>) {
+        let (listener, port, config, _) = listening();
+        let (go, wait) = mpsc::channel();
+        let handle = std::thread::spawn(move || {
+            let (conn, sock) = accept(listener, config).unwrap();
+            wait.recv().unwrap();
+            let mut tls = rustls::StreamOwned::new(conn, sock);
+            let mut got = vec![0; len];
+            tls.read_exact(&mut got).unwrap();
+            got
+        });
+        (port, go, handle)
     }
 
     /// Waits for a readiness event on `poll`: none before `deadline` fails the test
@@ -506,19 +617,12 @@ mod tests {
     fn records_a_full_socket_did_not_take_go_out_on_later_events() {
         // More than any loopback socket pair buffers while the server does not read.
         let data: Vec<u8> = (0..8 << 20).map(|i: usize| (i % 251) as u8).collect();
-        let (go, wait_for_go) = mpsc::channel::<()>();
-        let len = data.len();
-        let (port, server) = server(move |conn, sock| {
-            wait_for_go.recv().unwrap();
-            let mut tls = rustls::StreamOwned::new(conn, sock);
-            let mut got = vec![0; len];
-            tls.read_exact(&mut got).unwrap();
-            got
-        });
-        let mut poll = Poll::new().unwrap();
-        let mut events = Events::with_capacity(8);
+        let (port, go, server) = server(data.len());
+        let (mut conn, mut poll, mut events) = connect(port, &unverified(), "localhost");
         let deadline = Instant::now() + Duration::from_secs(60);
-        let mut conn = client(port, &mut poll, deadline);
+        while !(conn.tcp.peer_addr().is_ok() && conn.handshake().unwrap()) {
+            wait(&mut poll, &mut events, deadline);
+        }
 
         // Fill the socket: the connection ends up holding records it could not send,
         // and then takes no more plaintext.
@@ -547,19 +651,64 @@ mod tests {
         assert!(got == data, "the server got every byte once, in order");
     }
 
+    /// The client's handshake, as host `name`, with a server whose certificate names
+    /// `localhost` only (trusted through `tls_ca_file`); and the SNI the server was sent,
+    /// or why its side failed.
+    fn handshake_as(name: &str) -> (Result<(), NodeError>, Result<Option<String>, rustls::Error>) {
+        let (listener, port, server_config, pem) = listening();
+        let server = std::thread::spawn(move || {
+            accept(listener, server_config).map(|(c, _)| c.server_name().map(str::to_string))
+        });
+        let dir =
+            std::env::temp_dir().join(format!("quorumlock-unit-sni-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("ca.pem"), pem).unwrap();
+        let config = TlsOptions {
+            ca_file: Some(dir.join("ca.pem")),
+            ..Default::default()
+        }
+        .client_config()
+        .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let (mut conn, mut poll, mut events) = connect(port, &config, name);
+        let client = handshake_on_events(&mut conn, &mut poll, &mut events);
+        drop(conn);
+        (client, server.join().unwrap())
+    }
+
+    #[test]
+    fn the_host_is_sent_as_sni_and_verified_in_the_certificate() {
+        // A name in the certificate: sent as SNI, accepted.
+        let (client, server) = handshake_as("localhost");
+        client.unwrap();
+        assert_eq!(server.unwrap().as_deref(), Some("localhost"));
+
+        // The same server reached by an address its certificate does not name: refused by
+        // the client, the error naming what the certificate is valid for (an IP address is
+        // checked against IP SANs, and never sent as SNI).
+        let (client, server) = handshake_as("127.0.0.1");
+        let e = client
+            .expect_err("a certificate for another name")
+            .to_string();
+        assert!(e.contains("TLS handshake failed"), "{e}");
+        assert!(e.contains("127.0.0.1") && e.contains("localhost"), "{e}");
+        assert!(server.is_err(), "the server saw the handshake fail");
+    }
+
     #[test]
     fn garbage_after_the_handshake_is_a_tls_error_not_a_panic() {
-        let (port, server) = server(|conn, mut sock| {
+        let (listener, port, config, _) = listening();
+        let server = std::thread::spawn(move || {
+            let (conn, mut sock) = accept(listener, config).unwrap();
             // Not a TLS record: a plain-text error, as a confused proxy might send.
             sock.write_all(b"-ERR not tls\r\n").unwrap();
             let mut rest = Vec::new();
             let _ = sock.read_to_end(&mut rest);
             drop(conn);
         });
-        let mut poll = Poll::new().unwrap();
-        let mut events = Events::with_capacity(8);
+        let (mut conn, mut poll, mut events) = connect(port, &unverified(), "localhost");
+        handshake_on_events(&mut conn, &mut poll, &mut events).unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
-        let mut conn = client(port, &mut poll, deadline);
         let mut buf = [0u8; 64];
         let err = loop {
             match conn.read(&mut buf) {
@@ -574,5 +723,24 @@ mod tests {
         assert!(msg.starts_with("TLS error:"), "{msg}");
         drop(conn);
         server.join().unwrap();
+    }
+
+    #[test]
+    fn a_reset_in_the_handshake_says_so() {
+        // A server that reads nothing: closing with the ClientHello unread resets the
+        // connection.
+        let (listener, port, _, _) = listening();
+        let server = std::thread::spawn(move || {
+            let (sock, _) = listener.accept().unwrap();
+            sock.peek(&mut [0]).unwrap();
+        });
+        let (mut conn, mut poll, mut events) = connect(port, &unverified(), "localhost");
+        let e = handshake_on_events(&mut conn, &mut poll, &mut events)
+            .expect_err("a handshake with nobody");
+        server.join().unwrap();
+        assert!(
+            matches!(&e, NodeError::Io(io::ErrorKind::ConnectionReset, m) if m.contains("TLS handshake")),
+            "{e:?}"
+        );
     }
 }

@@ -63,7 +63,7 @@ pub(crate) struct Net {
     base: usize,
     /// The TLS configuration, when some node is `rediss://`.
     #[cfg(feature = "tls")]
-    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    tls: Option<crate::tls::TlsConfig>,
 }
 
 impl Net {
@@ -136,7 +136,7 @@ impl Net {
             // `Settings` carries a configuration whenever a node is `rediss://`.
             return Err(NodeError::Tls("no TLS configuration".into()));
         };
-        let conn = crate::tls::TlsConn::new(tcp, config.clone(), name)?;
+        let conn = crate::tls::TlsConn::new(tcp, config.get().clone(), name)?;
         self.register(node, Stream::Tls(Box::new(conn)))
     }
 
@@ -254,8 +254,13 @@ impl Transport for Net {
 #[cfg(feature = "tls")]
 #[cold]
 fn tls_established(s: &mut crate::tls::TlsConn) -> Result<bool, NodeError> {
-    if !tcp_established(&s.tcp)? {
-        return Ok(false);
+    // TCP until it is up (then a reset is the handshake's: `tcp_established` would
+    // report it bare, as a connect error).
+    if !s.tcp_up {
+        if !tcp_established(&s.tcp)? {
+            return Ok(false);
+        }
+        s.tcp_up = true;
     }
     s.handshake()
 }

@@ -114,10 +114,11 @@ impl Notices {
     }
 
     /// Whether every open connection has written all it was given (an `UNSUBSCRIBE`
-    /// may still wait for the socket).
+    /// may still wait for the socket, in the outbox or as a TLS record).
     pub fn quiet(&self) -> bool {
         (0..self.subs.len())
             .all(|node| self.links[node] != Link::Open || self.subs[node].outbox().is_empty())
+            && !self.net.holds_unsent()
     }
 
     /// Whether some waiter wants a key (the connections then need the loop).

@@ -8,7 +8,8 @@ use rcgen::{
 };
 use std::path::PathBuf;
 
-/// A CA, a server and a client certificate signed by it, and another CA, as PEM files
+/// A CA, a server and a client certificate signed by it, another CA and a client
+/// certificate signed by that one, as PEM files
 /// in a directory of their own (removed on drop).
 pub struct Certs {
     dir: PathBuf,
@@ -38,18 +39,24 @@ impl Certs {
         };
         let (ca_cert, issuer) = ca("quorumlock test CA");
         write("ca.crt", ca_cert.pem());
-        let (other_ca, _) = ca("some other CA");
+        let (other_ca, other_issuer) = ca("some other CA");
         write("other-ca.crt", other_ca.pem());
 
-        let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose, file: &str| {
+        let signed = |names: Vec<String>,
+                      usage: ExtendedKeyUsagePurpose,
+                      file: &str,
+                      issuer: &Issuer<'_, KeyPair>| {
             let mut p = CertificateParams::new(names).unwrap();
             p.distinguished_name.push(DnType::CommonName, file);
             p.extended_key_usages = vec![usage];
             p.use_authority_key_identifier_extension = true;
             let key = KeyPair::generate().unwrap();
-            let cert = p.signed_by(&key, &issuer).unwrap();
+            let cert = p.signed_by(&key, issuer).unwrap();
             write(&format!("{file}.crt"), cert.pem());
             write(&format!("{file}.key"), key.serialize_pem());
+        };
+        let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose, file: &str| {
+            signed(names, usage, file, &issuer)
         };
         leaf(
             vec!["127.0.0.1".into(), "localhost".into()],
@@ -60,6 +67,13 @@ impl Certs {
             vec!["quorumlock-client".into()],
             ExtendedKeyUsagePurpose::ClientAuth,
             "client",
+        );
+        // A client certificate the servers do not trust.
+        signed(
+            vec!["quorumlock-client".into()],
+            ExtendedKeyUsagePurpose::ClientAuth,
+            "other-client",
+            &other_issuer,
         );
         Certs { dir }
     }

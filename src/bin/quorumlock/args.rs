@@ -142,8 +142,9 @@ EXIT STATUS
 ENVIRONMENT
   QUORUMLOCK_NODES       comma-separated node URLs, used when --nodes is not given
   With the tls feature, for rediss:// nodes:
-  QUORUMLOCK_TLS_CA_FILE PEM file of CA certificates, trusted beside the system's bundle
-                         (SSL_CERT_FILE, else /etc/ssl/certs/ca-certificates.crt, ...)
+  QUORUMLOCK_TLS_CA_FILE PEM file of CA certificates, the only ones trusted when set;
+                         else the system's bundle (SSL_CERT_FILE, else
+                         /etc/ssl/certs/ca-certificates.crt, ...)
   QUORUMLOCK_TLS_CERT, QUORUMLOCK_TLS_KEY
                          client certificate and private key (PEM) for mutual TLS: both
                          or neither
