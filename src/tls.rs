@@ -35,6 +35,13 @@ use std::sync::Arc;
 /// The most TLS records (and plaintext before the handshake) a connection holds unsent.
 pub(crate) const BUFFER_LIMIT: usize = 64 * 1024;
 
+/// The most TLS bytes one [`TlsConn::read`] takes from the socket without any plaintext
+/// coming of them. A server sends a few session tickets after its handshake, a key
+/// update now and then; one that keeps the socket full of records that carry no data
+/// (rustls bounds key updates, alerts and empty records, not tickets) would otherwise
+/// hold the client's loop inside one read for as long as it likes.
+pub(crate) const SILENT_LIMIT: usize = 32 * 1024;
+
 /// Where the platform's CA bundle is looked for when `SSL_CERT_FILE` is not set, in
 /// order: Debian/Ubuntu (and Alpine with `ca-certificates`), RHEL/Fedora/CentOS,
 /// openSUSE, Alpine/macOS/BSD.
@@ -446,6 +453,8 @@ impl TlsConn {
         // the engine assumes of a plain socket's short read), so no read that would only
         // say "would block" is made; a later byte raises a new readiness edge.
         let mut drained = false;
+        // Bytes taken from the socket since plaintext last came (see [`SILENT_LIMIT`]).
+        let mut silent = 0;
         loop {
             match self.conn.reader().read(&mut buf[filled..]) {
                 Ok(0) if filled < buf.len() => {
@@ -453,6 +462,7 @@ impl TlsConn {
                     return Ok(Some(filled));
                 }
                 Ok(n) => {
+                    silent = 0;
                     filled += n;
                     if filled == buf.len() {
                         return Ok(Some(filled));
@@ -469,14 +479,22 @@ impl TlsConn {
             if drained {
                 return nothing_more;
             }
+            if silent > SILENT_LIMIT {
+                return Err(NodeError::Tls(format!(
+                    "TLS error: the node sent over {} KiB of TLS records that carry no data \
+                     (a flood of session tickets?): closing the connection",
+                    SILENT_LIMIT / 1024
+                )));
+            }
             let mut socket = Tracked {
                 tcp: &mut self.tcp,
                 short: false,
             };
             match self.conn.read_tls(&mut socket) {
                 // Seen by the reader above on the next turn (an end too).
-                Ok(_) => {
+                Ok(n) => {
                     drained = socket.short;
+                    silent += n;
                     self.process()?;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return nothing_more,
@@ -695,6 +713,47 @@ mod tests {
         assert!(server.is_err(), "the server saw the handshake fail");
     }
 
+    /// Connects to `port` (any certificate), completes the handshake, then reads on
+    /// readiness events until a read fails; plaintext fails the test.
+    fn read_until_an_error(port: u16) -> NodeError {
+        let (mut conn, mut poll, mut events) = connect(port, &unverified(), "localhost");
+        handshake_on_events(&mut conn, &mut poll, &mut events).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut buf = [0u8; 64];
+        loop {
+            match conn.read(&mut buf) {
+                Ok(None) => wait(&mut poll, &mut events, deadline),
+                Ok(Some(n)) => panic!("read {n} bytes of plaintext"),
+                Err(e) => return e,
+            }
+        }
+    }
+
+    #[test]
+    fn a_flood_of_records_without_data_is_an_error_not_a_captive_loop() {
+        // A server that sends session tickets without end (rustls bounds key updates,
+        // alerts and empty records, not tickets): the client's read must give up with an
+        // error instead of reading them for as long as they come.
+        let (listener, port, mut config, _) = listening();
+        config.send_tls13_tickets = 50_000;
+        let server = std::thread::spawn(move || {
+            // The tickets go out as the handshake ends, in `accept` or after it; either
+            // ends with an error once the client gives up and closes.
+            if let Ok((mut conn, mut sock)) = accept(listener, config) {
+                while conn.wants_write() && conn.write_tls(&mut sock).is_ok() {}
+            }
+        });
+        let err = read_until_an_error(port);
+        // Ours, or rustls' own bound on records it has not processed yet, whichever a
+        // given interleaving of the server's writes and our reads meets first.
+        assert!(
+            matches!(&err, NodeError::Tls(m) if m.contains("carry no data"))
+                || matches!(&err, NodeError::Io(io::ErrorKind::InvalidData, m) if m.contains("buffer full")),
+            "{err:?}"
+        );
+        server.join().unwrap();
+    }
+
     #[test]
     fn garbage_after_the_handshake_is_a_tls_error_not_a_panic() {
         let (listener, port, config, _) = listening();
@@ -706,22 +765,11 @@ mod tests {
             let _ = sock.read_to_end(&mut rest);
             drop(conn);
         });
-        let (mut conn, mut poll, mut events) = connect(port, &unverified(), "localhost");
-        handshake_on_events(&mut conn, &mut poll, &mut events).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut buf = [0u8; 64];
-        let err = loop {
-            match conn.read(&mut buf) {
-                Ok(None) => wait(&mut poll, &mut events, deadline),
-                Ok(Some(n)) => panic!("read {n} bytes of plaintext from garbage"),
-                Err(e) => break e,
-            }
-        };
+        let err = read_until_an_error(port);
         let NodeError::Tls(msg) = &err else {
             panic!("expected a TLS error, got {err}");
         };
         assert!(msg.starts_with("TLS error:"), "{msg}");
-        drop(conn);
         server.join().unwrap();
     }
 
