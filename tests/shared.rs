@@ -493,11 +493,28 @@ fn connections_killed_by_the_server_are_replaced() {
             .expect("retried on new connections");
         shared.blocking_unlock(&lock).unwrap();
     }
-    // One lock connection per node, and at most one subscriber connection (had a
-    // retry listened for release notices).
-    assert!(wait_until(Duration::from_secs(10), || {
+    // Every node's connection is replaced: a lock reaches all five. (Each call returns
+    // at a majority, so a node whose new connection was still connecting, or backing
+    // off after a failed one on a loaded machine, may be replaced only by a later call:
+    // the client reconnects on demand, not while idle.)
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let lock = shared
+                .blocking_lock("shared:killed:everywhere", Duration::from_secs(10))
+                .expect("a lock on healthy nodes");
+            let everywhere = holders(&cluster, "shared:killed:everywhere") == 5;
+            shared.blocking_unlock(&lock).unwrap();
+            everywhere
+        }),
+        "some node's connection was never replaced"
+    );
+    // And none leaked: one lock connection per node, and at most one subscriber
+    // connection (had a retry listened for release notices).
+    let within = wait_until(Duration::from_secs(10), || {
         (0..5).all(|n| (1..=2).contains(&clients(&cluster, n)))
-    }));
+    });
+    let counts: Vec<i64> = (0..5).map(|n| clients(&cluster, n)).collect();
+    assert!(within, "connections per node: {counts:?}");
 }
 
 /// Subscribers to `key`'s release notices on `node`.
