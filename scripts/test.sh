@@ -50,6 +50,13 @@ step "with the tls feature: unit tests, rediss:// against TLS redis-server nodes
 cargo test --features tls --lib --test tls
 cargo test --features tls --doc tls
 
+step "model checker: every interleaving of the small configurations (model profile: optimised, no LTO)"
+# The explorer is CPU-bound (a debug build is ~20x slower), so it runs in Cargo.toml's
+# `model` profile: optimised, with debug assertions and overflow checks, without LTO.
+# MODEL_LARGE=1 adds the large configurations (README, "The model checker").
+cargo test --profile model --test model -- --nocapture
+cargo test --profile model --features model-faults --test model_faults -- --nocapture
+
 step "bounded fuzz session"
 if [ "${FUZZ_SECONDS:-30}" != 0 ]; then
   fuzz/run.sh "${FUZZ_SECONDS:-30}"

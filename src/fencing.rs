@@ -35,11 +35,11 @@
 
 use crate::core::command::FENCE_PREFIX;
 use crate::core::engine::{Fencing, Item, Request};
+use crate::core::quorum::next_fence;
 use crate::core::round::Decision;
 use crate::error::{ArgumentError, Error, Phase};
 use crate::lock::Lock;
 use crate::redlock::{Redlock, check_resource};
-use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
 
 /// With fencing on, a ttl must be at least this many `node_timeout`s: an acquire round
@@ -103,8 +103,7 @@ impl Redlock {
         start: Instant,
         attempt: u32,
     ) -> Result<Lock, Error> {
-        // One more than the largest counter read: at least 1.
-        let fence = NonZeroU64::MIN.saturating_add(self.round.counter(0).unwrap_or(0));
+        let fence = next_fence(self.round.counter(0));
         let req = Request {
             atomic,
             fencing: Fencing::Write(fence.get()),
@@ -150,7 +149,7 @@ impl Redlock {
             .iter()
             .filter_map(|&slot| self.round.counter(slot))
             .max();
-        let fence = NonZeroU64::MIN.saturating_add(highest.unwrap_or(0));
+        let fence = next_fence(highest);
         let fenced: Vec<Item<'_>> = won.iter().map(|&slot| items[slot]).collect();
         let req = Request {
             fencing: Fencing::Write(fence.get()),

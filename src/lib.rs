@@ -101,6 +101,9 @@ pub use shared::{Lease, Lost, SharedRedlock};
 pub mod __private {
     /// The protocol as plain data.
     pub mod core {
+        /// Deliberate faults for the model checker (feature `model-faults`).
+        #[cfg(feature = "model-faults")]
+        pub use crate::core::faults;
         pub use crate::core::{
             budget, command, engine, notice, quorum, round, script, session, token,
         };

@@ -300,7 +300,7 @@ pub fn encode(out: &mut Vec<u8>, cmd: Command, key: &[u8], token: &Token) {
 /// frame.clear();
 /// assert!(frame.bytes().is_empty());
 /// ```
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Frame {
     // INVARIANT: len <= buf.len(); only buf[..len] is meaningful.
     buf: Vec<u8>,

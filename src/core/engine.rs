@@ -203,7 +203,9 @@ pub struct Timing {
     pub restart_guard: Duration,
 }
 
-/// The client's protocol over every node.
+/// The client's protocol over every node. `Clone` (plain data) lets the model checker
+/// (`tests/model.rs`) fork a world at each choice.
+#[derive(Clone)]
 pub struct Engine {
     sessions: Vec<Session>,
     /// The commands of the current round (`frames[round_id % 2]`; slot `k`'s is
@@ -269,6 +271,9 @@ pub struct Engine {
     notes: Vec<Note>,
     /// How many sessions have [`Session::lag_noted`] set.
     lag_noted: usize,
+    /// When the engine was made (the `GuardWrongClock` fault's wrong clock).
+    #[cfg(feature = "model-faults")]
+    born: Instant,
 }
 
 /// A change in a node's standing, kept as data for the caller while
@@ -336,6 +341,8 @@ impl Engine {
             observed: false,
             notes: Vec::new(),
             lag_noted: 0,
+            #[cfg(feature = "model-faults")]
+            born: now,
         }
         .watching(now)
     }
@@ -368,7 +375,10 @@ impl Engine {
             .iter()
             .enumerate()
             .filter(move |&(m, o)| {
-                m != node && run_id.is_some() && o.identity.map(|id| id.run_id) == run_id
+                m != node
+                    && run_id.is_some()
+                    && o.identity.map(|id| id.run_id) == run_id
+                    && !super::fault!(AliasCountedTwice)
             })
             .map(|(m, _)| m)
     }
@@ -417,7 +427,14 @@ impl Engine {
             let Some(id) = s.identity else {
                 return Outcome::Failed(NodeError::Unidentified);
             };
-            let up_for = id.up_for(self.round_start.unwrap_or(id.read_at));
+            let at = self.round_start.unwrap_or(id.read_at);
+            let up_for = id.up_for(at);
+            #[cfg(feature = "model-faults")]
+            let up_for = if super::fault!(GuardWrongClock) {
+                at.saturating_duration_since(self.born)
+            } else {
+                up_for
+            };
             if up_for < guard {
                 return Outcome::Failed(NodeError::YoungerThanGuard { up_for });
             }
@@ -1543,6 +1560,36 @@ impl Engine {
                 .fold(0, |mask, (i, _)| mask | node_bit(i))
         );
         self.written
+    }
+
+    /// Feeds into `h` everything that decides what the engine does next (each session's
+    /// [`Session::fingerprint`], the frames, the round and hold state): the model
+    /// checker (`tests/model.rs`) keeps states it has seen as such fingerprints. Off the
+    /// production paths.
+    #[doc(hidden)]
+    pub fn fingerprint<H: std::hash::Hasher>(&self, h: &mut H) {
+        use std::hash::Hash;
+        for s in &self.sessions {
+            s.fingerprint(h);
+        }
+        (
+            self.frames[0].bytes(),
+            self.frames[1].bytes(),
+            self.round_id,
+        )
+            .hash(h);
+        (
+            self.write_until,
+            self.round_start,
+            self.watch,
+            self.slow_votes,
+        )
+            .hash(h);
+        (&self.lost_keys, self.held, self.hold_until, self.queued).hash(h);
+        (self.written, self.foreign, self.slow_work).hash(h);
+        // Notes are the caller's to drain: their count stands for them (the model never
+        // turns observing on, so it is zero there).
+        (self.observed, self.notes.len(), self.lag_noted).hash(h);
     }
 
     /// Sum of buffer capacities over all nodes (for tests of bounded memory).

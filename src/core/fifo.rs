@@ -15,7 +15,7 @@
 //!   its high-water mark is reached.
 
 /// A FIFO of `Copy` entries.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Fifo<T: Copy> {
     buf: Vec<T>,
     head: usize,

@@ -26,6 +26,8 @@
 pub mod budget;
 pub mod command;
 pub mod engine;
+#[cfg(feature = "model-faults")]
+pub mod faults;
 pub(crate) mod fifo;
 pub mod notice;
 pub mod quorum;
@@ -33,3 +35,20 @@ pub mod round;
 pub mod script;
 pub mod session;
 pub mod token;
+
+/// Whether the deliberate fault `faults::Fault::$f` is switched on: with the non-default
+/// feature `model-faults` a per-thread switch (see `faults`), otherwise the constant
+/// `false`, so the faulty branch does not exist in normal builds.
+#[cfg(feature = "model-faults")]
+macro_rules! fault {
+    ($f:ident) => {
+        $crate::core::faults::on($crate::core::faults::Fault::$f)
+    };
+}
+#[cfg(not(feature = "model-faults"))]
+macro_rules! fault {
+    ($f:ident) => {
+        false
+    };
+}
+pub(crate) use fault;

@@ -1,6 +1,7 @@
 //! Quorum size, clock drift and lock validity (the arithmetic of the Redlock spec, step 3-4).
 
 use super::round::Decision;
+use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
 
 /// The majority of `n` nodes: `n / 2 + 1`.
@@ -57,6 +58,9 @@ pub fn deadline(start: Instant, ttl: Duration, drift_factor: f64) -> Option<Inst
 /// assert_eq!(safe_span(Duration::from_millis(2), 0.0), None);
 /// ```
 pub fn safe_span(ttl: Duration, drift_factor: f64) -> Option<Duration> {
+    if super::fault!(DriftNotSubtracted) {
+        return Some(ttl);
+    }
     ttl.checked_sub(drift(ttl, drift_factor))
         .filter(|safe| !safe.is_zero())
 }
@@ -76,6 +80,14 @@ pub fn acquired_until(
     }
     let end = start.checked_add(safe?)?;
     (decided < end).then_some(end)
+}
+
+/// A fenced lock's fence: one more than the largest counter its winning round read
+/// (`largest`, `None` when no yes carried one), so at least 1 and above every fence a
+/// majority has confirmed before. The one formula for every fenced acquire (single,
+/// batched) and for the model checker, which calls it rather than restating it.
+pub fn next_fence(largest: Option<u64>) -> NonZeroU64 {
+    NonZeroU64::MIN.saturating_add(largest.unwrap_or(0))
 }
 
 /// An extend's verdict, for a lock valid until `current`: `Ok(new deadline)` when the
@@ -109,6 +121,14 @@ pub fn validity(deadline: Instant, now: Instant) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fence_is_one_above_the_largest_counter_read() {
+        assert_eq!(next_fence(None).get(), 1);
+        assert_eq!(next_fence(Some(0)).get(), 1);
+        assert_eq!(next_fence(Some(41)).get(), 42);
+        assert_eq!(next_fence(Some(u64::MAX)).get(), u64::MAX);
+    }
 
     /// The one clock reading of these tests: every other instant is built from it.
     fn base() -> Instant {

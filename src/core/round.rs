@@ -185,7 +185,7 @@ struct Marks {
 /// // with `Round::stamp`.
 /// assert!(round.has_unstamped());
 /// ```
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Round {
     phase: Option<Phase>,
     nodes: usize,
@@ -217,6 +217,36 @@ enum Vote {
 }
 
 impl Round {
+    /// Feeds into `h` everything that decides what the round does next, for the model
+    /// checker's state fingerprints (`tests/model.rs`): hashed field by field, not through
+    /// its `Debug` text (which cost half the explorer's time). Off the production paths.
+    #[doc(hidden)]
+    pub fn fingerprint<H: std::hash::Hasher>(&self, h: &mut H) {
+        use std::hash::Hash;
+        (self.phase.map(|p| p as u8), self.nodes, self.open).hash(h);
+        (
+            self.quorum,
+            self.spare,
+            &self.unstamped[..],
+            self.slots.len(),
+        )
+            .hash(h);
+        for s in &self.slots {
+            let t = s.tally;
+            (t.yes, t.no, t.failed, t.pending, s.decision as u8).hash(h);
+            (s.marks.voted, s.marks.yes, s.decided_at, s.counter).hash(h);
+        }
+        self.more.len().hash(h);
+        for m in &self.more {
+            (m.voted, m.yes).hash(h);
+        }
+        self.failures.len().hash(h);
+        for (i, o) in &self.failures {
+            i.hash(h);
+            super::session::debug_hash(h, o);
+        }
+    }
+
     /// Starts a round of `phase` over `nodes` nodes for `slots` resources; every vote
     /// pending.
     pub fn begin(&mut self, phase: Phase, nodes: usize, slots: usize) {
@@ -473,7 +503,10 @@ impl Round {
     /// the largest.
     pub fn raise_counter(&mut self, slot: usize, counter: u64) {
         if let Some(s) = self.slots.get_mut(slot) {
-            s.counter = Some(s.counter.map_or(counter, |c| c.max(counter)));
+            s.counter = Some(match s.counter {
+                Some(first) if super::fault!(FenceFromOneNode) => first,
+                c => c.map_or(counter, |c| c.max(counter)),
+            });
         }
     }
 

@@ -227,6 +227,7 @@ pub struct Login {
 }
 
 /// One node's protocol state.
+#[derive(Clone)]
 pub struct Session {
     login: Login,
     /// Where the connection stands.
@@ -288,6 +289,29 @@ pub struct Session {
 }
 
 impl Session {
+    /// Feeds into `h` every part of the session's state that decides what it does next
+    /// (not the login, a constant; the inbox only between its head and tail): the model
+    /// checker (`tests/model.rs`) keeps states it has seen as such fingerprints. Off the
+    /// production paths.
+    #[doc(hidden)]
+    pub fn fingerprint<H: std::hash::Hasher>(&self, h: &mut H) {
+        use std::hash::Hash;
+        (self.state as u8, self.generation, &self.outbox[..]).hash(h);
+        self.inbox[self.head..self.tail].hash(h);
+        debug_hash(h, &self.progress);
+        for e in self.pending.iter() {
+            debug_hash(h, e);
+        }
+        (self.backoff, self.retry_at, self.connect_started).hash(h);
+        debug_hash(h, &self.down);
+        (self.suspect, self.may_resend, self.sent, self.owed_until).hash(h);
+        (self.extend_script_known, self.deletes_owed, self.held).hash(h);
+        self.identity
+            .map(|i| (i.run_id, i.uptime, i.read_at))
+            .hash(h);
+        (self.lag_noted, self.connected_before).hash(h);
+    }
+
     /// A node not connected yet, to be connected at once.
     pub fn new(login: Login, now: Instant) -> Session {
         Session {
@@ -807,6 +831,19 @@ impl Session {
             + self.outbox.capacity()
             + self.pending.capacity() * std::mem::size_of::<Expect>()
     }
+}
+
+/// Feeds `value`'s `Debug` text into `h` (for fingerprints of values without `Hash`).
+#[doc(hidden)]
+pub fn debug_hash<H: std::hash::Hasher>(h: &mut H, value: &impl std::fmt::Debug) {
+    struct Into<'a, H>(&'a mut H);
+    impl<H: std::hash::Hasher> std::fmt::Write for Into<'_, H> {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            self.0.write(s.as_bytes());
+            Ok(())
+        }
+    }
+    let _ = std::fmt::write(&mut Into(h), format_args!("{value:?}|"));
 }
 
 #[cfg(test)]

@@ -179,7 +179,7 @@ struct Session {
 }
 
 /// One connection: its unread input and how far the command at its head is parsed.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Conn {
     /// Input not yet consumed; `buf[start..]` is the command being parsed.
     buf: Vec<u8>,
@@ -712,7 +712,8 @@ fn c_str(b: &[u8], max: usize) -> &[u8] {
 }
 
 /// A simulated Redis 7 master.
-#[derive(Debug)]
+/// `Clone`: the model checker (`tests/model.rs`) forks a world at each choice.
+#[derive(Clone, Debug)]
 pub struct SimNode {
     seed: u64,
     rng: fastrand::Rng,
@@ -886,6 +887,34 @@ impl SimNode {
             None => -86_400,
         };
         (second(now) as i128 - start).max(0) as u64
+    }
+
+    /// Feeds into `h` everything of the node's state that a later command can observe:
+    /// its run, every key with its value and absolute expiry, the script cache, and each
+    /// connection's unparsed input and session, under the label `label` gives its id
+    /// (so two worlds that opened the same connections in another order hash alike).
+    /// Counters that no command reads (commands run, notices published) are left out.
+    pub fn fingerprint<H: std::hash::Hasher>(&self, h: &mut H, label: impl Fn(ConnId) -> u64) {
+        use std::hash::Hash;
+        self.run_id.hash(h);
+        self.started.hash(h);
+        for (db, keys) in self.dbs.iter().enumerate() {
+            for (key, e) in keys {
+                (db, key, &e.value, e.expires_ms).hash(h);
+            }
+        }
+        for s in &self.scripts {
+            (*s as u8).hash(h);
+        }
+        let mut conns: Vec<(u64, &Conn)> = self
+            .conns
+            .iter()
+            .map(|(&id, c)| (label(ConnId(id)), c))
+            .collect();
+        conns.sort_by_key(|&(l, _)| l);
+        for (l, c) in conns {
+            (l, &c.buf[c.start..], c.session.db, c.session.authed).hash(h);
+        }
     }
 
     /// Number of restarts so far.
@@ -3592,5 +3621,22 @@ mod tests {
         for i in [0.0, 1.5, 3.0, -1.0, f64::NAN, f64::INFINITY] {
             assert_eq!(lua_index(&keys, i), None, "{i}");
         }
+    }
+
+    #[test]
+    fn a_clone_fingerprints_alike_and_a_key_changes_it() {
+        use std::hash::Hasher;
+        let print = |n: &SimNode| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            n.fingerprint(&mut h, |id| id.0);
+            h.finish()
+        };
+        let mut n = SimNode::new(3);
+        let c = n.accept();
+        let before = print(&n);
+        let m = n.clone();
+        assert_eq!(print(&m), before);
+        run(&mut n, c, &[b"SET", b"k", b"v"], 0);
+        assert_ne!(print(&n), before);
     }
 }
