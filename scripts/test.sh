@@ -41,7 +41,10 @@ step "lints and docs with the tls feature"
 cargo clippy --all-targets --features tls -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet --features tls
 
-step "unit, integration, fault, hostile-server, torture and doc tests (corpus replay included)"
+step "public API against public-api.txt (after a deliberate change: scripts/public-api.sh --update)"
+scripts/public-api.sh
+
+step "unit, integration, fault, hostile-server, torture, example and doc tests (corpus replay included)"
 # Not --quiet: cargo names each test binary as it starts ("Running tests/faults.rs"), and
 # each binary's result line ends with how long it took ("finished in 12.34s").
 cargo test
@@ -56,6 +59,28 @@ step "model checker: every interleaving of the small configurations (model profi
 # MODEL_LARGE=1 adds the large configurations (README, "The model checker").
 cargo test --profile model --test model -- --nocapture
 cargo test --profile model --features model-faults --test model_faults -- --nocapture
+
+step "the package: its file list, and the packed crate builds on its own"
+# --allow-dirty: CI packs a clean clone; a local run packs the working tree as it is.
+list=$(cargo package --list --allow-dirty --locked 2>/dev/null)
+for f in Cargo.toml README.md CHANGELOG.md LICENSE-MIT LICENSE-APACHE src/lib.rs \
+    src/bin/quorumlock/main.rs examples/direct_lock.rs examples/lease.rs \
+    examples/shared_tokio.rs examples/fencing.rs; do
+  if ! grep -qx "$f" <<<"$list"; then
+    echo "the package lacks $f (Cargo.toml, include)" >&2
+    exit 1
+  fi
+done
+if stray=$(grep -E '^(fuzz|scripts|tests|benches|\.ci)/|^examples/demo\.rs$|^public-api' <<<"$list"); then
+  echo "the package holds files only this repository needs (Cargo.toml, include):" >&2
+  echo "$stray" >&2
+  exit 1
+fi
+echo "package: $(wc -l <<<"$list") files"
+# Cargo drops the test and bench targets whose files are not packed, by design: those
+# warnings are left out, anything else is shown.
+cargo package --allow-dirty --locked 2>&1 |
+  grep -v '^warning: ignoring \(test\|benchmark\) `[a-z_]*` as `[a-z_/]*\.rs` is not included in the published package$'
 
 step "bounded fuzz session"
 if [ "${FUZZ_SECONDS:-30}" != 0 ]; then
