@@ -5,18 +5,23 @@ line per public item with its signature, sorted.
     public-api.py CRATE.json > listing
 
 Every path an item is reachable by is listed (a re-export gives a second line). Listed:
-modules, structs and their public fields, enums and their variants, traits and their
-items, functions, methods of inherent impls, constants, statics, type aliases, macros,
-trait impls written in the crate, and the auto traits (Send, Sync, Unpin, UnwindSafe,
-RefUnwindSafe) each type has or lacks. Not listed: `#[doc(hidden)]` items (rustdoc
-leaves them out of its JSON; `quorumlock::__private` is not API), private items, blanket
-impls (`impl<T> From<T> for T` and the like, the same for every type), and the unstable
-auto traits (Freeze, UnsafeUnpin).
+modules, structs (`{ .. }` when some fields are private) and their public fields, enums
+and their variants, traits and their items, functions, methods of inherent impls,
+constants and statics with their values, type aliases, macros, re-exports of other
+crates' items, trait impls written in the crate (each once, with its own Self type, also
+impls of the crate's traits for other crates' types, such as `Arc<O>`), and the auto
+traits (Send, Sync, Unpin, UnwindSafe, RefUnwindSafe) each type has or lacks. Any item
+kind, type kind or JSON format it does not know stops it with an error: nothing is left
+out silently. Not listed: `#[doc(hidden)]` items (rustdoc leaves them out of its JSON;
+`quorumlock::__private` is not API), private items, blanket impls (`impl<T> From<T> for
+T` and the like, the same for every type), and the unstable auto traits (Freeze,
+UnsafeUnpin).
 """
 
 import json
 import sys
 
+FORMAT = 57  # rustdoc JSON format_version this renderer reads (Rust 1.95)
 STABLE_AUTO = {"Send", "Sync", "Unpin", "UnwindSafe", "RefUnwindSafe"}
 
 
@@ -27,6 +32,8 @@ class Api:
         self.root = str(doc["root"])
         self.public = {}  # local id -> public paths (lists of segments)
         self.lines = set()
+        self.foreign = []  # re-exports of other crates' items
+        self.seen_impls = set()
 
     def item(self, id_):
         return self.ix.get(str(id_))
@@ -45,7 +52,12 @@ class Api:
             if kind == "use":
                 target = inner["id"]
                 if target is None or self.item(target) is None:
-                    continue  # a re-export of another crate's item: not ours to list
+                    # Another crate's item (or module, glob) re-exported here: it is
+                    # part of this crate's surface, shown by the path it comes from.
+                    glob = "::*" if inner["is_glob"] else ""
+                    self.foreign.append(f"pub use {'::'.join(path + [inner['name']])}"
+                                        f"{glob} = {inner['source']}{glob}")
+                    continue
                 if inner["is_glob"]:
                     self.collect(str(target), path, seen)
                     continue
@@ -258,9 +270,10 @@ class Api:
         elif kind == "function":
             self.emit(f"pub {self.fn(path, v)}")
         elif kind == "constant":
-            self.emit(f"pub const {path}: {self.ty(v['type'])}")
+            self.emit(f"pub const {path}: {self.ty(v['type'])} = {self.const_value(it, v['const'])}")
         elif kind == "static":
-            self.emit(f"pub static {'mut ' if v['is_mutable'] else ''}{path}: {self.ty(v['type'])}")
+            self.emit(f"pub static {'mut ' if v['is_mutable'] else ''}{path}: {self.ty(v['type'])}"
+                      f" = {v['expr']}")
         elif kind == "type_alias":
             self.emit(f"pub type {path}{self.params(v['generics'])} = {self.ty(v['type'])}")
         elif kind in ("macro", "proc_macro"):
@@ -269,7 +282,9 @@ class Api:
             g = v["generics"]
             k = v["kind"]
             shape = ""
-            if k == "unit":
+            if "plain" in k and k["plain"]["has_stripped_fields"]:
+                shape = " { .. }"  # private or hidden fields: no struct literal outside
+            elif k == "unit":
                 shape = ";"
             elif "tuple" in k:
                 shape = "(" + ", ".join(
@@ -283,7 +298,8 @@ class Api:
             self.impls(path, g, v["impls"])
         elif kind == "enum":
             g = v["generics"]
-            self.emit(f"{a}pub enum {path}{self.params(g)}{self.where(g)}")
+            hidden = " { .. }" if v["has_stripped_variants"] else ""
+            self.emit(f"{a}pub enum {path}{self.params(g)}{self.where(g)}{hidden}")
             for var in v["variants"]:
                 self.variant(path, self.item(var))
             self.impls(path, g, v["impls"])
@@ -298,8 +314,28 @@ class Api:
             self.emit(f"pub {un}trait {path}{self.params(g)}{b}{self.where(g)}")
             for m in v["items"]:
                 self.assoc(path, self.item(m), in_trait=True)
+            # Impls of this trait, also for other crates' types (`impl Observer for Arc<O>`).
+            self.impls(path, g, v["implementations"])
         else:
             raise SystemExit(f"public-api.py: unknown item kind {kind!r} at {path}")
+
+    @staticmethod
+    def const_value(it, c):
+        """A constant's value: rustdoc's evaluated value, else its literal expression, else
+        (an expression rustdoc does not show, e.g. `Duration::from_secs(..)`) the source
+        text after `=`, so that a changed value changes the listing too."""
+        if c.get("value") is not None:
+            return c["value"]
+        if c["expr"] != "_":
+            return c["expr"]
+        sp = it["span"]
+        with open(sp["filename"]) as f:
+            lines = f.read().split("\n")[sp["begin"][0] - 1:sp["end"][0]]
+        text = " ".join(l.strip() for l in lines)
+        if "=" not in text:
+            raise SystemExit(f"public-api.py: no value for constant {it['name']} at "
+                             f"{sp['filename']}:{sp['begin'][0]}")
+        return text.split("=", 1)[1].strip().rstrip(";").strip()
 
     def variant(self, path, it):
         v = it["inner"]["variant"]
@@ -326,7 +362,8 @@ class Api:
             provided = " (provided)" if in_trait and v["has_body"] else ""
             self.emit(f"{pub}{self.fn(name, v)}{provided}")
         elif kind == "assoc_const":
-            self.emit(f"{pub}const {name}: {self.ty(v['type'])}")
+            val = f" = {v['value']}" if v.get("value") else ""
+            self.emit(f"{pub}const {name}: {self.ty(v['type'])}{val}")
         elif kind == "assoc_type":
             b = ": " + self.bounds(v["bounds"]) if v["bounds"] else ""
             t = " = " + self.ty(v["type"]) if v["type"] else ""
@@ -335,18 +372,26 @@ class Api:
             raise SystemExit(f"public-api.py: unknown associated item {kind!r} at {name}")
 
     def impls(self, path, g, ids):
-        me = path + self.params_names(g)
         for i in ids:
             it = self.item(i)
             im = it["inner"]["impl"]
             if im["blanket_impl"] is not None:
                 continue
             ig = im["generics"]
-            if im["trait"] is None:  # inherent: its public items
+            if im["trait"] is None:  # inherent: its public items, under this path
                 for m in im["items"]:
                     mi = self.item(m)
                     if mi is not None and mi["visibility"] == "public":
                         self.assoc(path, mi, in_trait=False)
+                continue
+            # A trait impl is listed once, with its own Self type (rustdoc also files
+            # `impl From<A> for B` under A), and not when Self is a private type.
+            if i in self.seen_impls:
+                continue
+            self.seen_impls.add(i)
+            me = self.ty(im["for"])
+            fid = im["for"].get("resolved_path", {}).get("id")
+            if fid is not None and self.item(fid) is not None and str(fid) not in self.public:
                 continue
             tr = ("!" if im["is_negative"] else "") + self.path(im["trait"])
             if im["is_synthetic"]:
@@ -361,28 +406,31 @@ class Api:
                 mi = self.item(m)
                 if mi is not None and ("assoc_type" in mi["inner"] or "assoc_const" in mi["inner"]):
                     kind, v = next(iter(mi["inner"].items()))
-                    val = self.ty(v["type"]) if v.get("type") else "_"
+                    if kind == "assoc_type":
+                        val = self.ty(v["type"]) if v.get("type") else "_"
+                    else:
+                        val = v.get("value") or "_"
                     self.emit(f"impl {tr} for {me}: {'type' if kind == 'assoc_type' else 'const'} "
                               f"{mi['name']} = {val}")
-
-    @staticmethod
-    def params_names(g):
-        names = [p["name"] for p in g["params"]
-                 if not ("type" in p["kind"] and p["kind"]["type"]["is_synthetic"])]
-        return "<" + ", ".join(names) + ">" if names else ""
 
 
 def main():
     with open(sys.argv[1]) as f:
         doc = json.load(f)
-    if doc["format_version"] != 57:
-        print(f"public-api.py: rustdoc JSON format {doc['format_version']}, this renderer "
-              "knows 57 (Rust 1.95): check its output before updating the listing",
-              file=sys.stderr)
+    if doc["format_version"] != FORMAT:
+        # A format this renderer was not written against may drop or move fields (the
+        # attributes, a new item kind) and so leave items out without an error: stop.
+        raise SystemExit(
+            f"public-api.py: rustdoc JSON format {doc['format_version']} (from `rustc "
+            f"--version`), this renderer knows {FORMAT} (Rust 1.95). Update "
+            "scripts/public-api.py for the new format (rustdoc-types' changelog lists "
+            "the changes), check that the listing of an unchanged tree is unchanged, "
+            "then set FORMAT.")
     api = Api(doc)
     api.public[api.root] = [[api.item(api.root)["name"]]]
     api.collect(api.root, [api.item(api.root)["name"]], frozenset())
     api.render()
+    api.lines.update(api.foreign)
     print("\n".join(sorted(api.lines)))
 
 
