@@ -25,35 +25,10 @@ mod node;
 mod world;
 
 use explore::{Options, Report, explore};
-use world::{Action, Config, FENCED, GUARD_HELD, TWO_HOLDERS, WAITER_WINS, WON, World, bit_names};
-
-/// Slow and exact clients, fast servers: 1050 / 950 is inside the drift factor.
-const SLOW: u64 = 950;
-const EXACT: u64 = 1000;
-const FAST: u64 = 1050;
-
-fn base(name: &'static str) -> Config {
-    Config {
-        name,
-        clients: 2,
-        endpoints: vec![0, 1, 2],
-        resources: 1,
-        ticks: 3,
-        attempts: 2,
-        guard: false,
-        fencing: false,
-        restarts: 0,
-        restart_only: None,
-        resets: 0,
-        reset_only: None,
-        client_rates: vec![SLOW, EXACT, FAST],
-        server_rates: vec![FAST, FAST, EXACT],
-        urgent: false,
-        late: None,
-        stop: false,
-        expect: WON | WAITER_WINS,
-    }
-}
+use world::{
+    Action, Config, EXACT, FAST, FENCED, GUARD_HELD, SLOW, TWO_HOLDERS, WAITER_WINS, WON, World,
+    bit_names,
+};
 
 /// The configurations CI runs.
 pub fn small() -> Vec<Config> {
@@ -62,7 +37,7 @@ pub fn small() -> Vec<Config> {
             attempts: 1,
             ticks: 0,
             expect: WON,
-            ..base("2 clients, 3 nodes, one instant, 1 attempt")
+            ..Config::base("2 clients, 3 nodes, one instant, 1 attempt")
         },
         Config {
             clients: 1,
@@ -71,21 +46,21 @@ pub fn small() -> Vec<Config> {
             fencing: true,
             ticks: 1,
             expect: WON | FENCED,
-            ..base("1 client, an alias, fenced, delays")
+            ..Config::base("1 client, an alias, fenced, delays")
         },
         Config {
             restarts: 1,
             ticks: 0,
             expect: WON | TWO_HOLDERS,
             stop: true,
-            ..base("restart, guard off (counterexample search)")
+            ..Config::base("restart, guard off (counterexample search)")
         },
         Config {
             attempts: 1,
             ticks: 2,
             urgent: true,
             expect: WON,
-            ..base("2 ticks (keys expire), 1 attempt")
+            ..Config::base("2 ticks (keys expire), 1 attempt")
         },
     ]
 }
@@ -99,18 +74,18 @@ pub fn large() -> Vec<Config> {
             urgent: true,
             late: Some((0, 0)),
             expect: WON,
-            ..base("2 ticks, node 0's replies to client 0 late, 1 attempt")
+            ..Config::base("2 ticks, node 0's replies to client 0 late, 1 attempt")
         },
         Config {
             attempts: 1,
             fencing: true,
             ticks: 0,
             expect: WON | FENCED,
-            ..base("fenced, 2 clients, 1 attempt")
+            ..Config::base("fenced, 2 clients, 1 attempt")
         },
         Config {
             ticks: 0,
-            ..base("2 clients, 3 nodes, one instant, 2 attempts")
+            ..Config::base("2 clients, 3 nodes, one instant, 2 attempts")
         },
         Config {
             attempts: 1,
@@ -119,7 +94,7 @@ pub fn large() -> Vec<Config> {
             ticks: 0,
             guard: true,
             expect: WON | GUARD_HELD,
-            ..base("restart of server 0, guard on, 1 attempt")
+            ..Config::base("restart of server 0, guard on, 1 attempt")
         },
         Config {
             attempts: 1,
@@ -127,12 +102,12 @@ pub fn large() -> Vec<Config> {
             reset_only: Some((0, 0)),
             ticks: 0,
             expect: WON,
-            ..base("client 0's connection to node 0 lost, 1 attempt")
+            ..Config::base("client 0's connection to node 0 lost, 1 attempt")
         },
         Config {
             ticks: 2,
             urgent: true,
-            ..base("2 clients, 3 nodes, 2 ticks (keys expire), 2 attempts")
+            ..Config::base("2 clients, 3 nodes, 2 ticks (keys expire), 2 attempts")
         },
     ]
 }
@@ -147,7 +122,7 @@ pub fn huge() -> Vec<Config> {
             server_rates: vec![FAST, FAST, FAST, EXACT, EXACT],
             ticks: 0,
             expect: WON,
-            ..base("2 clients, 5 nodes, 1 attempt")
+            ..Config::base("2 clients, 5 nodes, 1 attempt")
         },
         Config {
             clients: 3,
@@ -156,7 +131,7 @@ pub fn huge() -> Vec<Config> {
             attempts: 1,
             ticks: 0,
             expect: WON,
-            ..base("3 clients, 2 resources, 1 attempt")
+            ..Config::base("3 clients, 2 resources, 1 attempt")
         },
     ]
 }

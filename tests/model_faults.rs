@@ -18,32 +18,14 @@ mod world;
 
 use explore::{Options, explore};
 use quorumlock::__private::core::faults::{self, Fault};
-use world::{Config, FENCED, WAITER_WINS, WON, World, bit_names};
+use world::{Config, FAST, FENCED, WAITER_WINS, WON, World, bit_names};
 
-const SLOW: u64 = 950;
-const EXACT: u64 = 1000;
-const FAST: u64 = 1050;
-
+/// The model's common world, one instant, a lock won to be reached.
 fn base(name: &'static str) -> Config {
     Config {
-        name,
-        clients: 2,
-        endpoints: vec![0, 1, 2],
-        resources: 1,
         ticks: 0,
-        attempts: 2,
-        guard: false,
-        fencing: false,
-        restarts: 0,
-        restart_only: None,
-        resets: 0,
-        reset_only: None,
-        client_rates: vec![SLOW, EXACT],
-        server_rates: vec![FAST, FAST, EXACT],
-        urgent: false,
-        late: None,
-        stop: false,
         expect: WON,
+        ..Config::base(name)
     }
 }
 

@@ -118,7 +118,39 @@ pub struct Config {
     pub expect: u32,
 }
 
+/// Clock rates in per mille. Slow and exact clients, fast servers: 1050 / 950 is inside
+/// the drift factor.
+pub const SLOW: u64 = 950;
+pub const EXACT: u64 = 1000;
+pub const FAST: u64 = 1050;
+
 impl Config {
+    /// The common world: 2 clients (slow, exact; a third fast), 3 nodes (fast, fast,
+    /// exact), 1 resource, 3 ticks, 2 attempts, no faults; a lock won and a waiter winning
+    /// must be reached. Configurations change what they need.
+    pub fn base(name: &'static str) -> Config {
+        Config {
+            name,
+            clients: 2,
+            endpoints: vec![0, 1, 2],
+            resources: 1,
+            ticks: 3,
+            attempts: 2,
+            guard: false,
+            fencing: false,
+            restarts: 0,
+            restart_only: None,
+            resets: 0,
+            reset_only: None,
+            client_rates: vec![SLOW, EXACT, FAST],
+            server_rates: vec![FAST, FAST, EXACT],
+            urgent: false,
+            late: None,
+            stop: false,
+            expect: WON | WAITER_WINS,
+        }
+    }
+
     pub fn servers(&self) -> usize {
         self.server_rates.len()
     }
@@ -250,8 +282,6 @@ pub struct Net {
     log: Vec<Vec<(u32, Vec<u8>)>>,
     /// Connections the world broke (lost, server restarted or closed): (endpoint, conn).
     broken: Vec<(usize, u32)>,
-    /// Connections the client closed: (endpoint, conn, client time).
-    dropped: Vec<(usize, u32, u64)>,
     /// Every token this client has used.
     tokens: Vec<Vec<u8>>,
     /// (endpoint, conn, token) of every write of a token that no compare-and-delete of
@@ -298,7 +328,6 @@ impl Transport for Net {
 
     fn close(&mut self, node: usize) {
         if let Some(mut c) = self.conns[node].take() {
-            self.dropped.push((node, c.conn, self.local));
             if c.id.is_some() && !c.fin {
                 c.to_client.clear();
                 c.arrived.clear();
@@ -567,7 +596,6 @@ impl World {
                     next_gen: 0,
                     log: vec![Vec::new(); n],
                     broken: Vec::new(),
-                    dropped: Vec::new(),
                     tokens: Vec::new(),
                     undeleted: BTreeSet::new(),
                 };
