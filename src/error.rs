@@ -376,24 +376,28 @@ pub enum NodeError {
     Server(String),
     /// AUTH or SELECT after connecting was refused.
     Handshake(String),
-    /// This endpoint reaches the same server (same `run_id`) as node `of`, listed
-    /// earlier (a DNS alias, a port forward, a proxy): its votes do not count, so one
-    /// server never votes twice. `endpoint` names node `of` (its URL without password).
+    /// This endpoint reaches the same server as node `of`, listed earlier (a DNS alias, a
+    /// port forward, a proxy): the same `run_id`, or, where one of them has none, the
+    /// same marker (restart guard on). Its votes do not count, so one server never votes
+    /// twice. `endpoint` names node `of` (its URL without password).
     Duplicate {
         /// The index of the node it duplicates, in configuration order.
         of: usize,
         /// That node's URL without password (empty where unknown).
         endpoint: String,
     },
-    /// With a restart guard: the node has been up for less than the guard (it may have
-    /// restarted empty and lost keys that are still live elsewhere), so its yes does not
-    /// count yet.
+    /// With a restart guard: the server at this endpoint is new to this client since less
+    /// than the guard: up for less (it may have restarted empty and lost keys that are
+    /// still live elsewhere), or found new (its marker missing or changed, its `run_id`
+    /// other than the one this client saw there: a failover, a lost dataset), so its yes
+    /// does not count yet.
     YoungerThanGuard {
-        /// How long it had been up, at least, when the round started.
+        /// How long it had been up, or known, at least, when the round started.
         up_for: Duration,
     },
-    /// With a restart guard: the node's `INFO server` gave no `run_id` and uptime (an ACL
-    /// that forbids `INFO`?), so its age is unknown and its yes does not count.
+    /// With a restart guard: nothing identifies the node (`INFO server` gave no uptime
+    /// and its marker could not be read: an ACL that forbids `INFO` and the marker's
+    /// key?), so its age is unknown and its yes does not count.
     Unidentified,
     /// The server had lost the lock's script (a restart or `SCRIPT FLUSH`) and the
     /// command could not be sent again with the script itself.
@@ -431,20 +435,21 @@ impl fmt::Display for NodeError {
             NodeError::Duplicate { of, endpoint } if endpoint.is_empty() => {
                 write!(
                     f,
-                    "same server (run_id) as node {of}: its votes do not count"
+                    "same server (run_id or marker) as node {of}: its votes do not count"
                 )
             }
             NodeError::Duplicate { of, endpoint } => write!(
                 f,
-                "same server (run_id) as node {of} ({endpoint}): its votes do not count"
+                "same server (run_id or marker) as node {of} ({endpoint}): its votes do not count"
             ),
             NodeError::YoungerThanGuard { up_for } => write!(
                 f,
-                "up for only {up_for:?}, less than restart_guard: its yes does not count yet"
+                "up (or known: new marker or run_id) for only {up_for:?}, less than \
+                 restart_guard: its yes does not count yet"
             ),
             NodeError::Unidentified => f.write_str(
-                "INFO server gave no run_id and uptime (an ACL without INFO?): \
-                 restart_guard counts no yes from it",
+                "neither INFO server (uptime) nor its marker identify it (an ACL without \
+                 INFO, or on quorumlock:marker?): restart_guard counts no yes from it",
             ),
             NodeError::NoScript => f.write_str("the server lost the lock script (NOSCRIPT)"),
             NodeError::Backlog => f.write_str("write backlog over the limit"),

@@ -329,6 +329,10 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits, now: Instant) -> 
                 Handshake::Ok => b"OK",
                 Handshake::Pong => b"PONG",
                 Handshake::Info => unreachable!("INFO answers text"),
+                // The model's logins carry no marker (restart guard off): never sent.
+                Handshake::MarkerSet | Handshake::MarkerGet => {
+                    unreachable!("no marker in the model's logins")
+                }
             };
             return match reply {
                 Reply::Simple(got) if got == text => Meaning {
@@ -440,11 +444,13 @@ impl Harness {
                 user: Some("app".into()),
                 password: Some("secret".into()),
                 db,
+                marker: None,
             },
             _ => Login {
                 user: None,
                 password: Some("pw".into()),
                 db,
+                marker: None,
             },
         };
         let limits = match (config >> 3) & 3 {

@@ -359,7 +359,7 @@ impl Engine {
         let guard = self.timing.restart_guard;
         let mut watch = 0;
         for (node, s) in self.sessions.iter().enumerate() {
-            let young = !guard.is_zero() && s.identity.is_none_or(|id| id.up_for(at) < guard);
+            let young = !guard.is_zero() && s.up_for(at).is_none_or(|up| up < guard);
             if young || self.twin_of(node).is_some() {
                 watch |= node_bit(node);
             }
@@ -368,16 +368,16 @@ impl Engine {
         self.slow_votes = if self.fast_votes { watch } else { !0 };
     }
 
-    /// The nodes other than `node` whose server, as last identified, is `node`'s.
+    /// The nodes other than `node` whose server, as last identified, is `node`'s (the
+    /// same `run_id`, or where one has none, the same marker).
     fn twins(&self, node: usize) -> impl Iterator<Item = usize> + '_ {
-        let run_id = self.sessions[node].identity.map(|id| id.run_id);
+        let identity = self.sessions[node].identity;
         self.sessions
             .iter()
             .enumerate()
             .filter(move |&(m, o)| {
                 m != node
-                    && run_id.is_some()
-                    && o.identity.map(|id| id.run_id) == run_id
+                    && matches!((identity, o.identity), (Some(a), Some(b)) if a.same_server(&b))
                     && !super::fault!(AliasCountedTwice)
             })
             .map(|(m, _)| m)
@@ -428,7 +428,9 @@ impl Engine {
                 return Outcome::Failed(NodeError::Unidentified);
             };
             let at = self.round_start.unwrap_or(id.read_at);
-            let up_for = id.up_for(at);
+            let Some(up_for) = s.up_for(at) else {
+                return Outcome::Failed(NodeError::Unidentified);
+            };
             #[cfg(feature = "model-faults")]
             let up_for = if super::fault!(GuardWrongClock) {
                 at.saturating_duration_since(self.born)

@@ -75,17 +75,21 @@ struct Waits {
 }
 
 impl Driver {
-    pub fn new(settings: &Settings) -> io::Result<Driver> {
+    /// A driver for `settings`' nodes; `markers[i]` is node `i`'s marker (restart guard
+    /// on: `session::Login::marker`).
+    pub fn new(settings: &Settings, markers: Vec<Option<[u8; 32]>>) -> io::Result<Driver> {
         let now = Instant::now();
         let poll = Poll::new()?;
         let net = Net::new(poll.registry().try_clone()?, settings);
         let logins = settings
             .nodes
             .iter()
-            .map(|e| Login {
+            .zip(markers)
+            .map(|(e, marker)| Login {
                 user: e.user.clone(),
                 password: e.password.clone(),
                 db: e.db,
+                marker,
             })
             .collect();
         let timing = Timing {

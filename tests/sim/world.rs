@@ -744,14 +744,27 @@ impl World {
         let p_slow_link = p(&mut rng, 0.05);
         let p_spike = p(&mut rng, 0.03);
         let nodes = (0..n)
-            .map(|i| NodeBox {
-                node: SimNode::new(seed.wrapping_mul(31).wrapping_add(i as u64)),
-                clock: Clock {
-                    offset: rng.u64(0..1 << 40),
-                    rate: 1.0 + (rng.f64() - 0.5) * 0.01,
-                },
-                frozen_until: 0,
-                down_until: 0,
+            .map(|i| {
+                let mut node = SimNode::new(seed.wrapping_mul(31).wrapping_add(i as u64));
+                // A deployment in use before the scenario: each node has the marker an
+                // earlier client of the restart guard wrote (a restart loses it).
+                let conn = node.accept();
+                let marker = format!("earlier-client-node-{i}");
+                let set = format!(
+                    "*3\r\n$3\r\nSET\r\n$17\r\nquorumlock:marker\r\n${}\r\n{marker}\r\n",
+                    marker.len()
+                );
+                node.feed(conn, set.as_bytes(), 0);
+                node.close(conn);
+                NodeBox {
+                    node,
+                    clock: Clock {
+                        offset: rng.u64(0..1 << 40),
+                        rate: 1.0 + (rng.f64() - 0.5) * 0.01,
+                    },
+                    frozen_until: 0,
+                    down_until: 0,
+                }
             })
             .collect();
         let mut faults = Vec::new();
@@ -819,7 +832,20 @@ impl World {
                     stats: Stats::default(),
                 };
                 let now = transport.instant();
-                let mut engine = Engine::new(vec![Login::default(); n], timing, now);
+                // With the guard on, each client writes its own marker where a node
+                // has none (after a restart).
+                let logins = (0..n)
+                    .map(|i| Login {
+                        marker: (!timing.restart_guard.is_zero()).then(|| {
+                            let mut m = [b'0'; 32];
+                            m[..16].copy_from_slice(format!("{ci:016x}").as_bytes());
+                            m[16..].copy_from_slice(format!("{i:016x}").as_bytes());
+                            m
+                        }),
+                        ..Login::default()
+                    })
+                    .collect();
+                let mut engine = Engine::new(logins, timing, now);
                 engine.maintain(&mut transport, now);
                 let buffered_base = engine.buffered();
                 Client {
