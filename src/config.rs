@@ -641,7 +641,7 @@ impl Builder {
     /// trip per acquire.
     ///
     /// The acquire also reads each node's counter for the resource
-    /// (`quorumlock:fence:<resource>`, a permanent key); the fence is the largest counter
+    /// (`quorumlock:fence:{<resource>}`, a permanent key); the fence is the largest counter
     /// among the nodes whose yes won the lock, plus one, and it is written back (raised
     /// where lower) to every node whose connection is up (queued behind what a lagging
     /// one owes) before the lock is returned, once a majority has confirmed it; a fenced lock's unlock

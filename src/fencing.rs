@@ -2,7 +2,7 @@
 //!
 //! # How
 //!
-//! A fence counter is kept per resource on every node (`quorumlock:fence:<resource>`,
+//! A fence counter is kept per resource on every node (`quorumlock:fence:{<resource>}`,
 //! no expiry). A fenced acquire reads the counters with its `SET`s, atomically on each
 //! node (`script::ACQUIRE`); the lock's fence is the largest counter among the nodes
 //! whose yes counted, plus one. Before the lock is returned, that fence is written back to

@@ -105,7 +105,7 @@ pub mod __private {
         #[cfg(feature = "model-faults")]
         pub use crate::core::faults;
         pub use crate::core::{
-            budget, command, engine, notice, quorum, round, script, session, token,
+            budget, command, engine, notice, quorum, round, script, session, slot, token,
         };
     }
     /// The RESP2 codec.

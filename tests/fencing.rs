@@ -29,7 +29,9 @@ fn counter(cluster: &Cluster, node: usize, resource: &str) -> Option<u64> {
     let value = cluster
         .node(node)
         .admin()
-        .get(format!("quorumlock:fence:{resource}"))?;
+        .get(quorumlock::__private::core::slot::fence_key(
+            resource.as_bytes(),
+        ))?;
     String::from_utf8(value).ok()?.parse().ok()
 }
 

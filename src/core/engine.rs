@@ -165,7 +165,7 @@ impl Request<'_> {
     }
 }
 
-/// What a round does with the items' fence counters (`quorumlock:fence:<resource>` on
+/// What a round does with the items' fence counters (`quorumlock:fence:{<resource>}` on
 /// each node, see [`command::FENCE_PREFIX`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fencing {

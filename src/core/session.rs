@@ -158,6 +158,9 @@ pub struct Identity {
     /// The node's marker ([`MARKER_KEY`]) as read in the handshake (its first
     /// [`MARKER_MAX`] bytes); `None` when none was read (guard off, missing, refused).
     pub marker: Option<Marker>,
+    /// The server runs in cluster mode (`redis_mode:cluster`; Valkey's `server_mode`):
+    /// a script may only touch keys of one hash slot there.
+    pub cluster: bool,
 }
 
 /// A marker's value, as read (its first bytes; zero-padded).
@@ -169,12 +172,18 @@ impl Identity {
     pub fn parse(info: &[u8], read_at: Instant) -> Option<Identity> {
         let mut run_id = None;
         let mut uptime = None;
+        let mut cluster = false;
         for line in info.split(|&b| b == b'\n') {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             if let Some(v) = line.strip_prefix(b"run_id:") {
                 run_id = <[u8; 40]>::try_from(v)
                     .ok()
                     .filter(|id| id.iter().all(u8::is_ascii_hexdigit));
+            } else if let Some(v) = line
+                .strip_prefix(b"redis_mode:")
+                .or_else(|| line.strip_prefix(b"server_mode:"))
+            {
+                cluster |= v == b"cluster";
             } else if let Some(v) = line.strip_prefix(b"uptime_in_seconds:") {
                 uptime = std::str::from_utf8(v)
                     .ok()
@@ -191,6 +200,7 @@ impl Identity {
             uptime,
             read_at,
             marker: None,
+            cluster,
         })
     }
 
@@ -486,6 +496,7 @@ impl Session {
             uptime: None,
             read_at: now,
             marker: None,
+            cluster: false,
         });
         identity.marker = marker.ok().flatten();
         let current = (identity.run_id, identity.marker);
@@ -1374,6 +1385,13 @@ mod tests {
         assert_eq!(id(b"uptime_in_seconds:5\r\n").map(|i| i.run_id), Some(None));
         // Neither: nothing identifies it.
         assert_eq!(id(b"redis_version:7.0.15\r\n"), None);
+        // Cluster mode, as Redis and Valkey say it.
+        let mode = |m: &[u8]| id(&with(m)).is_some_and(|i| i.cluster);
+        assert!(mode(b"redis_mode:cluster"));
+        assert!(mode(b"server_mode:cluster"));
+        assert!(!mode(b"redis_mode:standalone"));
+        assert!(!mode(b"redis_mode:clusterx"));
+        assert!(!mode(b""));
         // Bare LF line ends are read too.
         let lf = [&run[..], b"\nuptime_in_seconds:7\n"].concat();
         assert_eq!(uptime(&lf), Some(Duration::from_secs(7)));
@@ -1538,6 +1556,7 @@ mod tests {
             uptime: None,
             read_at: t,
             marker: marker.map(|b| [b; MARKER_MAX]),
+            cluster: false,
         };
         assert!(mk(Some(b'a'), Some(1)).same_server(&mk(Some(b'a'), Some(2))));
         // Two servers with one marker (one restored from the other's snapshot) are two.

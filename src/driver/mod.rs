@@ -350,6 +350,14 @@ impl Driver {
         self.forward();
     }
 
+    /// Whether a node, as last identified, runs in cluster mode.
+    pub fn cluster_mode(&self) -> bool {
+        self.engine
+            .sessions()
+            .iter()
+            .any(|s| s.identity.is_some_and(|id| id.cluster))
+    }
+
     /// The nodes the last round's command was handed to.
     pub fn written(&self) -> u64 {
         self.engine.written()
