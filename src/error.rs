@@ -402,6 +402,13 @@ pub enum NodeError {
     /// The server had lost the lock's script (a restart or `SCRIPT FLUSH`) and the
     /// command could not be sent again with the script itself.
     NoScript,
+    /// The server runs no Lua scripts: it answered a script (a release, an extend, a
+    /// fenced or multi-resource acquire) with this error, which says scripting is off
+    /// (Garnet without `--lua`), `EVAL` is unknown (renamed away) or forbidden to the
+    /// user (an ACL). Such a node can take a plain lock but never release or extend
+    /// it: enable scripting. (Garnet also needs `--lua-transaction-mode`, or a
+    /// compare-and-delete is not atomic there: see the README's compatibility notes.)
+    ScriptingOff(String),
     /// Too much unsent data queued for a node that does not read.
     Backlog,
     /// A `rediss://` node's TLS session failed (feature `tls`): the text says what failed
@@ -452,6 +459,11 @@ impl fmt::Display for NodeError {
                  INFO, or on quorumlock:marker?): restart_guard counts no yes from it",
             ),
             NodeError::NoScript => f.write_str("the server lost the lock script (NOSCRIPT)"),
+            NodeError::ScriptingOff(msg) => write!(
+                f,
+                "the server runs no Lua scripts ({msg}): enable scripting (Garnet: --lua \
+                 --lua-transaction-mode; an ACL user needs +eval +evalsha)"
+            ),
             NodeError::Backlog => f.write_str("write backlog over the limit"),
             NodeError::Tls(msg) => f.write_str(msg),
             NodeError::TlsNoAnswer => f.write_str(
@@ -494,6 +506,24 @@ impl NodeError {
                 | NodeError::NotRedis(_)
                 | NodeError::Handshake(_)
         )
+    }
+
+    /// The error a server answered with: [`NodeError::ScriptingOff`] when it says the
+    /// server runs no scripts (scripting disabled, `EVAL` unknown or forbidden), else
+    /// [`NodeError::Server`].
+    pub(crate) fn server(msg: &[u8]) -> NodeError {
+        let text = String::from_utf8_lossy(msg).into_owned();
+        let lower = text.to_ascii_lowercase();
+        // Redis quotes the command as 'eval' (7) or `eval` (6.2's unknown command).
+        let about_eval = lower.contains("'eval") || lower.contains("`eval");
+        let off = (lower.contains("scripting") && lower.contains("disabled"))
+            || (lower.starts_with("err unknown command") && about_eval)
+            || (lower.starts_with("noperm") && about_eval);
+        if off {
+            NodeError::ScriptingOff(text)
+        } else {
+            NodeError::Server(text)
+        }
     }
 
     /// [`NodeError::NotRedis`] with a preview of what the peer sent.
