@@ -77,7 +77,11 @@ pub fn renewal(
 ) -> Renewal {
     match extended_until(decision, decided, start, ttl, drift_factor, current) {
         Ok(end) => Renewal::Renewed {
-            deadline: end,
+            deadline: if crate::core::fault!(LeaseFromDecision) {
+                end + decided.saturating_duration_since(start)
+            } else {
+                end
+            },
             next: renew_at(start, ttl),
         },
         Err(keep) => {
