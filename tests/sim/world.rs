@@ -34,6 +34,22 @@
 //!   clients take fenced locks, as `Redlock` does with fencing on: the acquire reads the
 //!   counters, the fence (largest counted counter + 1) is written back, and the lock is
 //!   used only if a majority confirmed it in time (else it is released).
+//! - `lock_all`: with two resources, a quarter of the locks are a `lock_all` of both, as
+//!   `Redlock::lock_all` makes it: one atomic `script::ACQUIRE` over both keys per node
+//!   (fenced too: the counters of both read, one fence written back over both), its
+//!   extend one `EXTEND_ALL`, its unlock one `RELEASE_ALL` (fenced: `RELEASE_FENCED`
+//!   over both), a lost attempt's deletes one per key. It contends with single locks of
+//!   either resource and holds a validity window on each.
+//! - Leases: a third of the single locks are leases, kept as the shared client's loop
+//!   keeps them (its event loop does real I/O, so its arithmetic is taken from the pure
+//!   `lease::renewal` it calls): renewed (an extend round) a third of the ttl after each
+//!   term's start, 1 to 4 times; a renewal too few nodes answered is retried after a
+//!   pause while validity remains; the lease is lost when a renewal is refused or won too
+//!   late, or at its deadline (2 ms before it, as the loop reports); then released.
+//! - Unlocks with deletes in flight: an unlock returns at a majority, its other deletes
+//!   still in flight, and the client's next acquire follows within 3 ms; a node that lags
+//!   (frozen, slow) when the unlock begins gets its delete queued behind its stale SET or
+//!   extend, not waited for. Both are counted, with floors.
 //!
 //! # Invariants, checked as the world runs (a violation panics with the seed)
 //!
@@ -41,13 +57,21 @@
 //!   a node that really held that key with that token at some point (so no reply of
 //!   another round, slot or client was counted).
 //! - A lock's deadline is `start + ttl − drift` on the client's clock, and it was
-//!   decided before it.
+//!   decided before it. An extend or a lease renewal gives a new deadline only when a
+//!   quorum confirmed it in time: won before the lock's current deadline and before the
+//!   new one, which is the round's `start + ttl − drift` (`quorum::extended_until`, and
+//!   `lease::renewal`'s next renewal a third of the ttl after that start); otherwise the
+//!   deadline never lengthens.
+//! - A `lock_all`'s yes votes each come from a node that held every key of the set with
+//!   its token: all or none.
 //! - Every node the SET (or extend) was handed to gets the compare-and-delete after a
-//!   lost attempt or an unlock: its exact bytes are handed to that node's connection
-//!   later, unless that connection broke meanwhile (then it could not be sent).
+//!   lost attempt or an unlock (a lagging node's queued behind its stale write): its
+//!   exact bytes are handed to that node's connection later, unless that connection
+//!   broke meanwhile (then it could not be sent).
 //! - Each engine's buffers stay under a fixed bound.
 //! - Across all clients, no two validity windows of one resource overlap in global
-//!   time (windows mapped from each client's clock rounded outwards), in
+//!   time (windows mapped from each client's clock rounded outwards; a `lock_all` has one
+//!   on each resource, a lease one that each renewal moves), in
 //!   [`Mode::Safe`]; in [`Mode::UnsafeRestart`] overlaps are counted instead.
 //! - Fences of one resource rise strictly in the order the locks were handed out, unless
 //!   a node restarted empty between the two (it lost its counters: a lower fence is then
