@@ -1382,6 +1382,15 @@ impl World {
                 let token = lock.token.clone();
                 c.begin(Phase::Extend, token, 0, nt);
                 return;
+            } else if c.rng.bool() {
+                // The holder's process dies after its last renewal: nothing releases the
+                // lease, which ends with its renewed deadline; the others, patient, take
+                // the keys right after.
+                c.lock = None;
+                c.ops_left -= 1;
+                c.stage = Stage::Idle(now + c.rng.u64(0..3 * MS));
+                self.stats.abandoned += 1;
+                return;
             }
             self.unlock(ci, now);
             return;
