@@ -395,8 +395,6 @@ pub const FENCE_PREFIX: &[u8] = b"quorumlock:fence:";
 pub enum KeyList {
     /// The lock keys (the resources themselves).
     Locks,
-    /// Their fence counters ([`FENCE_PREFIX`] + resource).
-    Fences,
     /// The lock keys, then their fence counters.
     Both,
 }
@@ -441,12 +439,10 @@ pub fn eval_over<'k>(
     bulk(out, b"EVAL");
     bulk(out, script);
     bulk_int(out, key_count as i64);
-    if which != KeyList::Fences {
-        for key in keys.clone() {
-            bulk(out, key);
-        }
+    for key in keys.clone() {
+        bulk(out, key);
     }
-    if which != KeyList::Locks {
+    if which == KeyList::Both {
         for key in keys {
             line(out, b'$', (FENCE_PREFIX.len() + key.len()) as u64, false);
             out.extend_from_slice(FENCE_PREFIX);

@@ -1685,9 +1685,10 @@ fn encode_scripts(frame: &mut Frame, req: &Request<'_>) {
             (Phase::Extend, _) => {
                 command::eval_over(out, script::EXTEND_ALL, keys, KeyList::Locks, &[token, ttl]);
             }
+            // Raised only where the lock keys still hold the token (`script::FENCE`).
             (Phase::Fence, Fencing::Write(fence)) => {
                 let fence = Arg::Int(fence);
-                command::eval_over(out, script::FENCE, keys, KeyList::Fences, &[fence]);
+                command::eval_over(out, script::FENCE, keys, KeyList::Both, &[token, fence]);
             }
             // A fenced lock's release raises each counter to its fence, then deletes.
             (Phase::Release, Fencing::Write(fence)) => {
@@ -1702,7 +1703,8 @@ fn encode_scripts(frame: &mut Frame, req: &Request<'_>) {
             }
             // A write-back is always given its value; without one, 0 raises nothing.
             (Phase::Fence, _) => {
-                command::eval_over(out, script::FENCE, keys, KeyList::Fences, &[Arg::Int(0)]);
+                let zero = Arg::Int(0);
+                command::eval_over(out, script::FENCE, keys, KeyList::Both, &[token, zero]);
             }
             _ => command::eval_over(out, script::RELEASE_ALL, keys, KeyList::Locks, &[token]),
         });
