@@ -59,6 +59,9 @@ step "model checker: every interleaving of the small configurations (model profi
 # MODEL_LARGE=1 adds the large configurations (README, "The model checker").
 cargo test --profile model --test model -- --nocapture
 cargo test --profile model --features model-faults --test model_faults -- --nocapture
+# The random simulation's caught faults (extend, lease renewal, unlock behind a lagging
+# node, lock_all): each must fail a scenario within a bounded number of seeds (seconds).
+cargo test --features model-faults --test sim_faults -- --nocapture
 
 step "the package: its file list, and the packed crate builds on its own"
 # --allow-dirty: CI packs a clean clone; a local run packs the working tree as it is.

@@ -108,6 +108,10 @@ pub mod __private {
             budget, command, engine, notice, quorum, round, script, session, slot, token,
         };
     }
+    /// The lease renewal arithmetic of the shared client.
+    pub mod lease {
+        pub use crate::shared::lease::{Renewal, renew_at, renewal};
+    }
     /// The RESP2 codec.
     pub mod resp {
         pub use crate::resp::*;

@@ -887,7 +887,9 @@ impl Engine {
             // A fence write-back goes to every node whose connection is up, a lagging one
             // too: it raises the counter there whenever the node runs it.
             let behind = match active.req.phase {
-                Phase::Release => chases(active.req.chase, node),
+                Phase::Release => {
+                    chases(active.req.chase, node) && !super::fault!(UnlockSkipsLagging)
+                }
                 Phase::Fence => true,
                 _ => false,
             };
@@ -1673,7 +1675,13 @@ fn encode_scripts(frame: &mut Frame, req: &Request<'_>) {
                 } else {
                     KeyList::Locks
                 };
+                let group = if super::fault!(AcquireAllFirstKey) {
+                    &group[..1]
+                } else {
+                    group
+                };
                 let n = Arg::Int(group.len() as u64);
+                let keys = group.iter().map(|item| item.key);
                 command::eval_over(out, script::ACQUIRE, keys, which, &[token, ttl, n]);
             }
             (Phase::Extend, _) => {

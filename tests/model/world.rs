@@ -31,7 +31,8 @@
 //!   alias, which the engine must count once.
 //!
 //! Not modelled (the random simulation `tests/sim.rs` covers them): partial writes and
-//! split reads, refused connects and servers that stay down, extends, batches.
+//! split reads, refused connects and servers that stay down, extends, lease renewals,
+//! `lock_all` (batches: neither; they are tested against redis-server).
 //!
 //! # Properties
 //!
