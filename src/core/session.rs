@@ -156,7 +156,7 @@ pub struct Identity {
     /// ... as of this moment on the client's clock: when its reply was read.
     pub read_at: Instant,
     /// The node's marker ([`MARKER_KEY`]) as read in the handshake (its first
-    /// [`MARKER_MAX`] bytes); `None` when none was read (guard off, missing, refused).
+    /// `MARKER_MAX` bytes); `None` when none was read (guard off, missing, refused).
     pub marker: Option<Marker>,
     /// The server runs in cluster mode (`redis_mode:cluster`; Valkey's `server_mode`):
     /// a script may only touch keys of one hash slot there.
@@ -221,7 +221,7 @@ impl Identity {
     }
 }
 
-/// A marker value as kept: its first [`MARKER_MAX`] bytes, zero-padded.
+/// A marker value as kept: its first `MARKER_MAX` bytes, zero-padded.
 fn marker_of(value: &[u8]) -> Marker {
     let mut m = [0; MARKER_MAX];
     let n = value.len().min(MARKER_MAX);
@@ -489,7 +489,7 @@ impl Session {
     /// missing (this handshake wrote it) or differs from the one last seen here, or its
     /// `run_id` differs from the one last seen here: another server (a failover behind
     /// the address), or this one without the data it had. Then its yes waits out the
-    /// guard from `now`, across reconnects ([`Session::new_since`]).
+    /// guard from `now`, across reconnects (`Session::new_since`).
     fn judge(&mut self, marker: Result<Option<Marker>, ()>, now: Instant) {
         let identity = self.identity.get_or_insert(Identity {
             run_id: None,
@@ -520,7 +520,7 @@ impl Session {
 
     /// How long, at `at`, the server at this endpoint has been known to be up with its
     /// data, at least (restart guard): its uptime, but no longer than since it was last
-    /// found new ([`Session::new_since`]); with no uptime, since then, or where it was
+    /// found new (`Session::new_since`); with no uptime, since then, or where it was
     /// never found new, as long as it has a marker. `None` when nothing identifies it
     /// (no `INFO` answered, or neither uptime nor marker): no yes of it counts.
     pub fn up_for(&self, at: Instant) -> Option<Duration> {
