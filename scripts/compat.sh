@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 work=$(mktemp -d "${TMPDIR:-/tmp}/compat-matrix.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
+scripts/ensure-redis.sh
 # name <TAB> binary <TAB> where it comes from
 {
   printf 'debian\t%s\tDebian package redis-server\n' "$(command -v redis-server)"
