@@ -216,8 +216,12 @@ fn fencing() {
     assert!(set.fence().expect("fenced") > last);
     a.unlock(&set).expect("unlock");
     // The counter is written back to every node.
+    let name = quorumlock::__private::core::slot::fence_key(b"compat:fence");
     let counter = |n: usize| {
-        value(&cluster, n, "quorumlock:fence:compat:fence")
+        cluster
+            .node(n)
+            .admin()
+            .get(&name)
             .and_then(|v| String::from_utf8(v).ok())
             .and_then(|v| v.parse::<u64>().ok())
     };
