@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The compatibility matrix (README, "Compatibility"): runs tests/compat.rs once per server
+# The compatibility matrix (README, "Compatibility"): runs tests/compat.rs, and the
+# server-identity and cluster-slot scenarios (tests/identity.rs, tests/cluster_slots.rs),
+# once per server
 # (Debian's redis-server, and each one scripts/ensure-servers.sh installed), naming the
 # binary in QUORUMLOCK_TEST_SERVER, and prints a table: server × test, each cell `pass`,
 # `skip: why` (a feature the binary was built without) or the failure's first line.
@@ -23,8 +25,9 @@ if [ -n "${COMPAT_SERVERS:-}" ]; then
 fi
 
 # One build for every server (the tls feature, so that the TLS test runs where it can).
-cargo test --features tls --test compat --no-run --quiet
-tests=$(cargo test --features tls --test compat --quiet -- --list 2>/dev/null | sed -n 's/: test$//p')
+suites=(--test compat --test identity --test cluster_slots)
+cargo test --features tls "${suites[@]}" --no-run --quiet
+tests=$(cargo test --features tls "${suites[@]}" --quiet -- --list 2>/dev/null | sed -n 's/: test$//p')
 [ -n "$tests" ] || { echo "compat: no test listed" >&2; exit 1; }
 
 failed=0
@@ -38,7 +41,7 @@ while IFS=$'\t' read -r name bin origin; do
   start=$SECONDS
   rc=0
   QUORUMLOCK_TEST_SERVER="$bin" QUORUMLOCK_COMPAT_SKIPS="$skips" \
-    cargo test --features tls --test compat -- --test-threads=4 >"$out" 2>&1 || rc=$?
+    cargo test --no-fail-fast --features tls "${suites[@]}" -- --test-threads=4 >"$out" 2>&1 || rc=$?
   printf 'compat: %s (%s, %s): exit %s in %ss\n' "$label" "$origin" "$bin" "$rc" "$((SECONDS - start))"
   row="| $label |"
   for t in $tests; do
