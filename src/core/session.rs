@@ -137,10 +137,6 @@ impl Handshake {
 /// its data has lost its marker; another server behind the same address has another.
 pub const MARKER_KEY: &[u8] = b"quorumlock:marker";
 
-/// The longest marker value compared whole; a longer one (no client of this crate
-/// writes one) is compared by its first bytes.
-const MARKER_MAX: usize = 64;
-
 /// Who a node is, read from `INFO server` on each connection, and with the restart guard
 /// on, from its marker. (Its tests are below: an example would need a clock reading,
 /// which nothing in `core` takes.)
@@ -155,16 +151,18 @@ pub struct Identity {
     pub uptime: Option<Duration>,
     /// ... as of this moment on the client's clock: when its reply was read.
     pub read_at: Instant,
-    /// The node's marker ([`MARKER_KEY`]) as read in the handshake (its first
-    /// `MARKER_MAX` bytes); `None` when none was read (guard off, missing, refused).
+    /// The node's marker ([`MARKER_KEY`]) as read in the handshake, as a 64-bit hash of
+    /// its value; `None` when none was read (guard off, missing, refused).
     pub marker: Option<Marker>,
     /// The server runs in cluster mode (`redis_mode:cluster`; Valkey's `server_mode`):
     /// a script may only touch keys of one hash slot there.
     pub cluster: bool,
 }
 
-/// A marker's value, as read (its first bytes; zero-padded).
-pub type Marker = [u8; MARKER_MAX];
+/// A marker's value as kept: its FNV-1a hash. Small, so that identities stay cheap to
+/// copy; two markers that differ read as equal only by a 2^-64 chance, which at worst
+/// misses one failover that the `run_id` and the uptime did not show either.
+pub type Marker = u64;
 
 impl Identity {
     /// Reads `run_id` and `uptime_in_seconds` from the text of an `INFO server` reply
@@ -221,12 +219,11 @@ impl Identity {
     }
 }
 
-/// A marker value as kept: its first `MARKER_MAX` bytes, zero-padded.
+/// A marker value as kept ([`Marker`]).
 fn marker_of(value: &[u8]) -> Marker {
-    let mut m = [0; MARKER_MAX];
-    let n = value.len().min(MARKER_MAX);
-    m[..n].copy_from_slice(&value[..n]);
-    m
+    value.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Where the connection stands.
@@ -500,16 +497,12 @@ impl Session {
         });
         identity.marker = marker.ok().flatten();
         let current = (identity.run_id, identity.marker);
-        let differs =
-            |a: Option<&[u8]>, b: Option<&[u8]>| matches!((a, b), (Some(a), Some(b)) if a != b);
+        // Both known and not equal: one unknown side (not read, or never seen) is no news.
+        fn differs<T: PartialEq>(a: Option<T>, b: Option<T>) -> bool {
+            matches!((a, b), (Some(a), Some(b)) if a != b)
+        }
         let changed = self.seen.is_some_and(|(run_id, seen_marker)| {
-            differs(
-                run_id.as_ref().map(|r| &r[..]),
-                current.0.as_ref().map(|r| &r[..]),
-            ) || differs(
-                seen_marker.as_ref().map(|m| &m[..]),
-                current.1.as_ref().map(|m| &m[..]),
-            )
+            differs(run_id, current.0) || differs(seen_marker, current.1)
         });
         let missing = matches!(marker, Ok(None));
         if self.marker_created || missing || changed {
@@ -1555,7 +1548,7 @@ mod tests {
             run_id: run_id.map(|b| [b; 40]),
             uptime: None,
             read_at: t,
-            marker: marker.map(|b| [b; MARKER_MAX]),
+            marker: marker.map(u64::from),
             cluster: false,
         };
         assert!(mk(Some(b'a'), Some(1)).same_server(&mk(Some(b'a'), Some(2))));
