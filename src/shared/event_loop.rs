@@ -29,7 +29,7 @@
 //!   the scratch buffers of a round are kept between rounds.
 
 use super::call::{Call, Done, Op};
-use super::lease::LeaseShared;
+use super::lease::{LeaseShared, next_extend, retry_pause};
 use super::notices::Notices;
 use super::{Inner, Queue, loop_gone};
 use crate::config::Settings;
@@ -1039,7 +1039,7 @@ impl EventLoop {
             .and_then(|h| lock.started().checked_add(h));
         let entry = LeaseEntry {
             shared: Arc::clone(&shared),
-            next: lock.started() + ttl / 3,
+            next: next_extend(lock.started(), ttl),
             lock,
             ttl,
             hold_until,
@@ -1124,10 +1124,7 @@ impl EventLoop {
         let written = rl.driver.written();
         let drift_factor = rl.settings.drift_factor;
         let settings = &rl.settings;
-        let pause = (ttl / 10).clamp(
-            settings.node_timeout,
-            settings.retry_delay.max(settings.node_timeout),
-        );
+        let pause = retry_pause(ttl, settings.node_timeout, settings.retry_delay);
         let now = Instant::now();
         for (slot, &i) in due.iter().enumerate() {
             let e = &mut self.leases[i];
@@ -1154,7 +1151,7 @@ impl EventLoop {
                 Ok(end) => {
                     e.lock.renew(ttl, start, end);
                     e.shared.set_deadline(end);
-                    e.next = start + ttl / 3;
+                    e.next = next_extend(start, ttl);
                 }
                 Err(keep) => {
                     e.lock.shorten(keep);

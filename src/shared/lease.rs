@@ -96,6 +96,25 @@ impl LeaseState {
     }
 }
 
+/// When the loop next extends a lease whose current term started at `start` (the start
+/// of the round that took or last extended it) with `ttl`: a third of the way into the
+/// term, which leaves two thirds of it (less drift) for the extend and its retries.
+pub(crate) fn next_extend(start: Instant, ttl: Duration) -> Instant {
+    start + ttl / 3
+}
+
+/// How long the loop waits before it tries again an extend that too few nodes answered
+/// (the lease keeps its deadline meanwhile): a tenth of the ttl, but at least
+/// `node_timeout` (a round's own bound) and at most the larger of `retry_delay` and
+/// `node_timeout`, so that a long ttl still leaves room for several tries.
+pub(crate) fn retry_pause(
+    ttl: Duration,
+    node_timeout: Duration,
+    retry_delay: Duration,
+) -> Duration {
+    (ttl / 10).clamp(node_timeout, retry_delay.max(node_timeout))
+}
+
 /// A lock that the shared client's loop keeps alive until it is released or dropped:
 /// it extends it by its own ttl every ttl/3, retries a failed extend while validity
 /// remains, and reports it lost when it can no longer vouch for it. Made by
@@ -278,5 +297,80 @@ impl Drop for Lost<'_> {
         if let Some(id) = self.id {
             self.lease.shared.state().wakers.retain(|(i, _)| *i != id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one clock reading of these tests: every other instant is built from it.
+    fn base() -> Instant {
+        static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *BASE.get_or_init(Instant::now)
+    }
+
+    fn state(deadline: Instant, lost: bool) -> LeaseState {
+        LeaseState {
+            deadline,
+            lost,
+            wakers: Vec::new(),
+            next_id: 0,
+        }
+    }
+
+    /// A lease is lost from its deadline on, whatever the loop has heard, and at any time
+    /// once marked lost; before its deadline and unmarked, it is held.
+    #[test]
+    fn a_lease_is_lost_from_its_deadline_on_or_once_marked() {
+        let ms = Duration::from_millis;
+        let deadline = base() + ms(1000);
+        let held = state(deadline, false);
+        assert!(!held.is_lost(base()));
+        assert!(!held.is_lost(deadline - ms(1)));
+        assert!(held.is_lost(deadline));
+        assert!(held.is_lost(deadline + ms(1)));
+        let marked = state(deadline, true);
+        assert!(marked.is_lost(base()));
+        assert!(marked.is_lost(deadline + ms(1)));
+    }
+
+    /// A lease is extended a third of the way into its term, counted from the start of
+    /// the round that took or last extended it: well before the term's deadline, and not
+    /// at once.
+    #[test]
+    fn a_lease_is_extended_a_third_of_the_way_into_its_term() {
+        let ms = Duration::from_millis;
+        let start = base();
+        assert_eq!(next_extend(start, ms(30_000)), start + ms(10_000));
+        assert_eq!(next_extend(start, ms(3)), start + ms(1));
+        // Always before the deadline a won extend of the same ttl gives it.
+        for ttl_ms in [10, 100, 1_000, 30_000] {
+            let ttl = ms(ttl_ms);
+            let deadline = crate::core::quorum::deadline(start, ttl, 0.01).unwrap();
+            let at = next_extend(start, ttl);
+            assert!(start < at && at < deadline, "ttl {ttl:?}");
+        }
+    }
+
+    /// An extend that too few nodes answered is tried again after a tenth of the ttl,
+    /// never sooner than `node_timeout` and never later than the larger of `retry_delay`
+    /// and `node_timeout`.
+    #[test]
+    fn a_failed_extend_is_retried_after_a_tenth_of_the_ttl_within_bounds() {
+        let ms = Duration::from_millis;
+        let (node_timeout, retry_delay) = (ms(50), ms(200));
+        assert_eq!(retry_pause(ms(1_000), node_timeout, retry_delay), ms(100));
+        assert_eq!(
+            retry_pause(ms(100), node_timeout, retry_delay),
+            node_timeout
+        );
+        assert_eq!(
+            retry_pause(ms(30_000), node_timeout, retry_delay),
+            retry_delay
+        );
+        // A retry_delay below node_timeout: node_timeout is both bounds.
+        assert_eq!(retry_pause(ms(30_000), node_timeout, ms(10)), node_timeout);
+        assert_eq!(retry_pause(ms(100), node_timeout, ms(10)), node_timeout);
     }
 }
