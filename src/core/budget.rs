@@ -230,4 +230,23 @@ mod tests {
             Some(Duration::from_millis(5))
         );
     }
+
+    /// After a clock reading, the waits handed out without the clock, each counted as a
+    /// whole number of milliseconds rounded up, cover what the reading left and no more:
+    /// 20.5 ms left is two 10 ms waits, 12.5 ms is one, 7.5 ms is just that.
+    #[test]
+    fn a_reading_leaves_exactly_the_whole_slices_that_fit() {
+        let start = base();
+        let us = Duration::from_micros;
+        let ten = Duration::from_millis(10);
+        let mut budget = WaitBudget::new(start, Duration::from_millis(80));
+        budget.expire();
+        assert_eq!(budget.resync(start + us(59_500)), Some(ten));
+        assert_eq!(budget.next_wait(), Some(ten));
+        assert_eq!(budget.next_wait(), None);
+        assert_eq!(budget.resync(start + us(67_500)), Some(ten));
+        assert_eq!(budget.next_wait(), None);
+        assert_eq!(budget.resync(start + us(72_500)), Some(us(7_500)));
+        assert_eq!(budget.next_wait(), None);
+    }
 }
