@@ -1027,4 +1027,55 @@ mod tests {
             assert_eq!((r.voted_word(2, 0), r.voted_word(0, 2)), (0, 0));
         }
     }
+
+    /// A round has one slot per resource, every vote pending and nothing decided until
+    /// votes come.
+    #[test]
+    fn a_round_begins_with_a_slot_per_resource_and_every_vote_pending() {
+        let mut r = Round::default();
+        r.begin(Phase::Extend, 7, 3);
+        assert_eq!((r.slots(), r.nodes(), r.quorum()), (3, 7, 4));
+        assert_eq!(r.phase(), Some(Phase::Extend));
+        assert!(!r.is_done());
+        for slot in 0..3 {
+            assert_eq!(r.decision(slot), Decision::Open);
+            assert!((0..7).all(|node| r.is_pending(node, slot)));
+            assert_eq!((r.yes(slot), r.answered(slot)), (0, 0));
+        }
+    }
+
+    /// A fenced acquire's fence counter is the largest among the counted yes votes,
+    /// whatever order they come in; a slot whose yes votes carried none has none.
+    #[test]
+    fn the_fence_counter_is_the_largest_read_whatever_the_order() {
+        let mut r = Round::default();
+        r.begin(Phase::Acquire, 5, 2);
+        assert_eq!(r.counter(0), None);
+        for c in [5, 9, 3] {
+            r.raise_counter(0, c);
+        }
+        assert_eq!(r.counter(0), Some(9));
+        assert_eq!(r.counter(1), None);
+        // No such slot: nothing recorded, nothing read.
+        r.raise_counter(2, 4);
+        assert_eq!(r.counter(2), None);
+        // A new round forgets the last one's counters.
+        r.begin(Phase::Acquire, 5, 2);
+        assert_eq!(r.counter(0), None);
+    }
+
+    /// The hot-path `tally` counts the votes of nodes from 64 on as `record` does: a
+    /// majority of a 70-node round reached through them wins.
+    #[test]
+    fn tally_counts_nodes_past_64() {
+        let (mut r, _) = round(Phase::Acquire, 70);
+        for node in 34..70 {
+            r.tally(node, 0, true);
+        }
+        assert_eq!(r.yes(0), 36);
+        assert!(!r.is_pending(65, 0));
+        assert_eq!(r.vote(65, 0), Some(Outcome::Locked));
+        assert_eq!(r.decision(0), Decision::Won);
+        assert!(r.is_done());
+    }
 }
