@@ -1078,4 +1078,92 @@ mod tests {
         assert_eq!(r.decision(0), Decision::Won);
         assert!(r.is_done());
     }
+
+    /// `record` says whether the vote it was given counted as a yes: the caller notes a
+    /// fence counter only with a counted yes.
+    #[test]
+    fn record_says_whether_a_yes_counted() {
+        let (mut r, _) = round(Phase::Acquire, 5);
+        assert!(r.record(0, 0, Outcome::Locked));
+        assert!(
+            !r.record(0, 0, Outcome::Locked),
+            "a second vote never counts"
+        );
+        assert!(!r.record(1, 0, Outcome::Held));
+        assert!(!r.record(2, 0, Outcome::NoReply));
+        assert!(r.record(3, 0, Outcome::Locked));
+        assert_eq!(r.yes(0), 2);
+    }
+
+    /// A new round starts from no vote at all: a node that failed in the last round and
+    /// now says no is reported as a no, not as the old failure.
+    #[test]
+    fn a_new_round_forgets_the_last_rounds_failures() {
+        let (mut r, _) = round(Phase::Acquire, 3);
+        r.record(1, 0, Outcome::Failed(NodeError::Closed));
+        r.begin(Phase::Acquire, 3, 1);
+        r.record(1, 0, Outcome::Held);
+        assert_eq!(r.vote(1, 0), Some(Outcome::Held));
+        assert_eq!(r.vote_ref(1, 0), Some(&Outcome::Held));
+    }
+
+    /// The hot-path `tally` decides a slot and finishes the round as `record` does.
+    #[test]
+    fn tally_alone_decides_and_finishes_a_round() {
+        let mut r = Round::default();
+        r.begin(Phase::Acquire, 5, 2);
+        for node in 0..3 {
+            r.tally(node, 0, true);
+        }
+        assert_eq!(r.decision(0), Decision::Won);
+        assert!(!r.is_done(), "slot 1 is still open");
+        for node in 0..3 {
+            r.tally(node, 1, false);
+        }
+        assert_eq!(r.decision(1), Decision::Taken);
+        assert!(r.is_done());
+    }
+
+    /// A release is decided by its own rule only, never by an acquire's: on 4 nodes,
+    /// two that no longer hold the key are not a majority of answers (the lock may
+    /// still be held by the other two); on 5, one no and two failures leave a majority
+    /// that can still answer.
+    #[test]
+    fn a_release_is_decided_by_its_own_rule_only() {
+        let (mut r, _) = round(Phase::Release, 4);
+        r.record(0, 0, Outcome::NotHeld);
+        r.record(1, 0, Outcome::NotHeld);
+        assert_eq!(r.decision(0), Decision::Open);
+        let (mut r, _) = round(Phase::Release, 5);
+        r.record(0, 0, Outcome::NotHeld);
+        r.record(1, 0, Outcome::NoReply);
+        r.record(2, 0, Outcome::NoReply);
+        assert_eq!(r.decision(0), Decision::Open);
+        r.record(3, 0, Outcome::Released);
+        assert_eq!(r.decision(0), Decision::Open);
+        r.record(4, 0, Outcome::Released);
+        assert_eq!(r.decision(0), Decision::Done);
+    }
+
+    /// The model checker's state fingerprint tells apart rounds whose votes differ, and
+    /// gives one value for one state.
+    #[test]
+    fn a_fingerprint_tells_rounds_with_other_votes_apart() {
+        use std::hash::{DefaultHasher, Hasher};
+        let print = |r: &Round| {
+            let mut h = DefaultHasher::new();
+            r.fingerprint(&mut h);
+            h.finish()
+        };
+        let (mut a, _) = round(Phase::Acquire, 5);
+        let (mut b, _) = round(Phase::Acquire, 5);
+        assert_eq!(print(&a), print(&b));
+        a.record(0, 0, Outcome::Locked);
+        assert_ne!(print(&a), print(&b));
+        b.record(0, 0, Outcome::Locked);
+        assert_eq!(print(&a), print(&b));
+        a.record(1, 0, Outcome::Held);
+        b.record(1, 0, Outcome::Failed(NodeError::Closed));
+        assert_ne!(print(&a), print(&b));
+    }
 }
