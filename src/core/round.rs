@@ -1166,4 +1166,19 @@ mod tests {
         b.record(1, 0, Outcome::Failed(NodeError::Closed));
         assert_ne!(print(&a), print(&b));
     }
+
+    /// A vote for a slot the round does not have records nothing, from a node past 64
+    /// as from the first 64: it is not pending, not counted, and breaks nothing.
+    #[test]
+    fn a_vote_for_no_such_slot_records_nothing_from_any_node() {
+        let mut r = Round::default();
+        r.begin(Phase::Acquire, 150, 3);
+        for node in [0, 63, 64, 100, 149] {
+            assert!(!r.record(node, 3, Outcome::Locked), "node {node}");
+            r.tally(node, 3, true);
+            assert!(!r.is_pending(node, 3), "node {node}");
+            assert_eq!(r.vote(node, 3), None, "node {node}");
+        }
+        assert!((0..3).all(|slot| r.yes(slot) == 0 && r.decision(slot) == Decision::Open));
+    }
 }
