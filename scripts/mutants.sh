@@ -23,6 +23,7 @@
 #   MUTANTS_FILES="quorum budget round fencing lease"   which of the files (default: all)
 #   MUTANTS_OUT=dir                 where the outcomes go (default target/mutants-out)
 #   MUTANTS_LIST=1                  list the mutants of the selection and stop
+#   MUTANTS_SUMMARY=1               only print the summary of the outcomes in MUTANTS_OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -77,6 +78,7 @@ names_re() {
   sed -e 's/[][\\.+*?(){}|^$#&~-]/\\&/g' -e 's/^/^/' -e 's/$/$/' "$1" | paste -sd'|'
 }
 
+if [ -z "${MUTANTS_SUMMARY:-}" ]; then
 # One run at a time per target dir: cargo names the crate's test binary the same whatever
 # tree it was built from, so a second run (or any cargo command with this target dir)
 # could overwrite a mutant's binary between its build and its test.
@@ -118,6 +120,7 @@ for stage in $stages; do
   fi
   re=$(names_re "$missed")
 done
+fi
 
 python3 - "$out" $stages <<'EOF'
 import json, os, sys
