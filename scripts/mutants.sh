@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Mutation testing (cargo-mutants) of the verdict and timing code against the fast suite:
 # src/core/quorum.rs, src/core/budget.rs, src/core/round.rs, src/fencing.rs, and the lease
-# renewal arithmetic of src/shared/lease.rs (LeaseState::is_lost, next_extend,
-# retry_pause). Not run by CI: a full run takes hours on two cores (see below).
+# renewal arithmetic of src/shared/lease.rs (LeaseState::is_lost, renew_at,
+# renewal). Not run by CI: a full run takes hours on two cores (see below).
 #
 # In stages, each on the survivors of the one before (a mutant caught is never re-run):
 #   1. lib    `cargo test --lib`                      (seconds per mutant, after a ~20 s build)
@@ -51,7 +51,7 @@ for f in $files; do
       ;;
     lease)
       file_args+=(-f src/shared/lease.rs)
-      re_parts+=('^src/shared/lease\.rs:.*(LeaseState::is_lost|next_extend|retry_pause)')
+      re_parts+=('^src/shared/lease\.rs:.*(LeaseState::is_lost|renew_at|renewal)')
       ;;
     *)
       echo "MUTANTS_FILES: unknown file '$f' (quorum budget round fencing lease)" >&2
