@@ -1217,4 +1217,16 @@ mod tests {
         }
         assert!((0..3).all(|slot| r.yes(slot) == 0 && r.decision(slot) == Decision::Open));
     }
+
+    /// `voted_word` reads each slot's own words: with more than 128 nodes (two words
+    /// past the first per slot), a vote on one slot shows in that slot's word only.
+    #[test]
+    fn voted_words_are_kept_per_slot_past_128_nodes() {
+        let mut r = Round::default();
+        r.begin(Phase::Acquire, 150, 2);
+        r.tally(64, 1, true);
+        r.tally(130, 0, false);
+        assert_eq!((r.voted_word(0, 1), r.voted_word(1, 1)), (0, 1));
+        assert_eq!((r.voted_word(0, 2), r.voted_word(1, 2)), (1 << 2, 0));
+    }
 }
