@@ -236,3 +236,324 @@ impl Redlock {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::round::Round;
+    use crate::core::script;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::{Arc, Mutex};
+
+    /// Every command a node was sent, each as its arguments.
+    type Seen = Arc<Mutex<Vec<Vec<Vec<u8>>>>>;
+
+    /// A stand-in for one Redis node on the loopback: answers the connection's handshake
+    /// (`INFO server`, `PING`) as Redis does, every other command with `reply`, and keeps
+    /// every command it was sent. Its threads end with the connection and the process.
+    fn node(reply: &'static [u8]) -> (String, Seen) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("redis://{}", listener.local_addr().unwrap());
+        let seen = Seen::default();
+        let log = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let log = Arc::clone(&log);
+                std::thread::spawn(move || serve(stream, reply, &log));
+            }
+        });
+        (url, seen)
+    }
+
+    fn serve(stream: TcpStream, reply: &[u8], seen: &Seen) {
+        let mut out = stream.try_clone().unwrap();
+        let mut input = BufReader::new(stream);
+        let mut line = String::new();
+        let mut read_line = |input: &mut BufReader<TcpStream>| {
+            line.clear();
+            match input.read_line(&mut line) {
+                Ok(1..) => line.trim_end()[1..].parse::<usize>().ok(),
+                _ => None,
+            }
+        };
+        while let Some(argc) = read_line(&mut input) {
+            let mut args = Vec::with_capacity(argc);
+            for _ in 0..argc {
+                let Some(len) = read_line(&mut input) else {
+                    return;
+                };
+                let mut arg = vec![0; len + 2];
+                if input.read_exact(&mut arg).is_err() {
+                    return;
+                }
+                arg.truncate(len);
+                args.push(arg);
+            }
+            let answer = match args.first().map(|a| a.to_ascii_uppercase()).as_deref() {
+                Some(b"INFO") => {
+                    let text = format!(
+                        "# Server\r\nrun_id:{}\r\nuptime_in_seconds:100000\r\n",
+                        "a".repeat(40)
+                    );
+                    format!("${}\r\n{text}\r\n", text.len()).into_bytes()
+                }
+                Some(b"PING") => b"+PONG\r\n".to_vec(),
+                _ => {
+                    seen.lock().unwrap().push(args);
+                    reply.to_vec()
+                }
+            };
+            if out.write_all(&answer).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn client(url: &str) -> Redlock {
+        Redlock::builder()
+            .nodes([url])
+            // Generous: no test here waits it out (every round is decided by a reply), and
+            // a loaded machine must not turn a slow handshake into a failed round.
+            .node_timeout(Duration::from_secs(2))
+            .fencing(true)
+            .build()
+            .unwrap()
+    }
+
+    /// A lock on `resource` of `rl`'s, valid for `validity` from now (expired when `None`).
+    fn lock(rl: &mut Redlock, resource: &[u8], validity: Option<Duration>) -> Lock {
+        let now = Instant::now();
+        let ttl = Duration::from_secs(10);
+        let deadline = match validity {
+            Some(v) => now + v,
+            None => now.checked_sub(Duration::from_millis(1)).unwrap(),
+        };
+        Lock::new(resource, rl.next_token().unwrap(), ttl, now, deadline, 0)
+    }
+
+    /// The commands seen that carry `arg` among their arguments.
+    fn with_arg(seen: &Seen, arg: &[u8]) -> usize {
+        let seen = seen.lock().unwrap();
+        seen.iter().filter(|c| c.iter().any(|a| a == arg)).count()
+    }
+
+    /// The commands seen that release a key (by any of the release scripts).
+    fn releases(seen: &Seen) -> usize {
+        let scripts: [&[u8]; 6] = [
+            script::RELEASE,
+            script::RELEASE_SHA,
+            script::RELEASE_ALL,
+            script::RELEASE_ALL_SHA,
+            script::RELEASE_FENCED,
+            script::RELEASE_FENCED_SHA,
+        ];
+        let seen = seen.lock().unwrap();
+        seen.iter()
+            .filter(|c| c.iter().any(|a| scripts.contains(&&a[..])))
+            .count()
+    }
+
+    /// A fresh acquire round over one node and `slots` slots, whose counted yes votes
+    /// read the fence counters `counters` (by slot).
+    fn acquired(rl: &mut Redlock, counters: &[Option<u64>]) {
+        rl.round = Round::default();
+        rl.round.begin(Phase::Acquire, 1, counters.len());
+        for (slot, c) in counters.iter().enumerate() {
+            if let Some(c) = c {
+                rl.round.raise_counter(slot, *c);
+            }
+        }
+    }
+
+    #[test]
+    fn a_ttl_below_four_node_timeouts_is_refused_with_fencing_on() {
+        let rl = client("redis://127.0.0.1:1");
+        assert_eq!(rl.fencing(), Fencing::Read);
+        assert!(rl.check_fenced_ttl(Duration::from_secs(8)).is_ok());
+        assert!(rl.check_fenced_ttl(Duration::from_secs(60)).is_ok());
+        let short = rl.check_fenced_ttl(Duration::from_millis(7999));
+        assert!(matches!(short, Err(Error::InvalidArgument(_))), "{short:?}");
+    }
+
+    #[test]
+    fn a_fence_counters_key_is_no_resource_with_fencing_on_only() {
+        let on = client("redis://127.0.0.1:1");
+        assert!(on.check_key(b"job").is_ok());
+        let counter = on.check_key(b"quorumlock:fence:job");
+        assert!(
+            matches!(counter, Err(Error::InvalidArgument(_))),
+            "{counter:?}"
+        );
+        assert!(on.check_key(b"").is_err());
+        let off = Redlock::builder()
+            .nodes(["redis://127.0.0.1:1"])
+            .build()
+            .unwrap();
+        assert_eq!(off.fencing(), Fencing::Off);
+        assert!(off.check_key(b"quorumlock:fence:job").is_ok());
+    }
+
+    /// A won lock gets one more than the largest counter read, written back to the
+    /// nodes; it is returned only once a majority confirmed it.
+    #[test]
+    fn a_lock_is_returned_with_its_fence_once_a_majority_confirms_it() {
+        let (url, seen) = node(b":1\r\n");
+        let mut rl = client(&url);
+        let held = lock(&mut rl, b"job", Some(Duration::from_secs(10)));
+        let token = held.token_value();
+        let items = [Item {
+            key: b"job",
+            token: &token,
+        }];
+        acquired(&mut rl, &[Some(41)]);
+        let fenced = rl
+            .fence_lock(held, &items, false, Instant::now(), 1)
+            .expect("a majority confirmed the fence");
+        assert_eq!(fenced.fence(), Some(42));
+        assert_eq!(with_arg(&seen, b"42"), 1, "the fence is written back once");
+        assert_eq!(releases(&seen), 0);
+    }
+
+    /// A lock over several resources has its fence written back in one command (one
+    /// atomic script), as it was taken.
+    #[test]
+    fn an_atomic_lock_has_its_fence_written_back_in_one_command() {
+        let (url, seen) = node(b":1\r\n");
+        let mut rl = client(&url);
+        let held = lock(&mut rl, b"a", Some(Duration::from_secs(10)));
+        let token = held.token_value();
+        let items = [
+            Item {
+                key: b"a",
+                token: &token,
+            },
+            Item {
+                key: b"b",
+                token: &token,
+            },
+        ];
+        acquired(&mut rl, &[Some(6)]);
+        let fenced = rl
+            .fence_lock(held, &items, true, Instant::now(), 1)
+            .expect("a majority confirmed the fence");
+        assert_eq!(fenced.fence(), Some(7));
+        assert_eq!(with_arg(&seen, b"7"), 1, "one command for both keys");
+    }
+
+    /// A lock whose validity ran out before a majority confirmed its fence is never
+    /// returned: the caller is told it expired, and its key is released.
+    #[test]
+    fn a_lock_that_expired_before_its_fence_was_confirmed_is_released() {
+        let (url, seen) = node(b":1\r\n");
+        let mut rl = client(&url);
+        let expired = lock(&mut rl, b"job", None);
+        let token = expired.token_value();
+        let items = [Item {
+            key: b"job",
+            token: &token,
+        }];
+        acquired(&mut rl, &[Some(1)]);
+        let err = rl
+            .fence_lock(expired, &items, false, Instant::now(), 1)
+            .expect_err("expired before the fence was confirmed");
+        assert!(matches!(err, Error::Expired(_)), "{err:?}");
+        assert_eq!(releases(&seen), 1);
+    }
+
+    /// A fence a majority refused is never handed out: the lock is unavailable, and
+    /// released.
+    #[test]
+    fn a_lock_whose_fence_a_majority_refused_is_released() {
+        let (url, seen) = node(b":0\r\n");
+        let mut rl = client(&url);
+        let held = lock(&mut rl, b"job", Some(Duration::from_secs(10)));
+        let token = held.token_value();
+        let items = [Item {
+            key: b"job",
+            token: &token,
+        }];
+        acquired(&mut rl, &[None]);
+        let err = rl
+            .fence_lock(held, &items, false, Instant::now(), 1)
+            .expect_err("the fence was refused");
+        assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+        assert_eq!(releases(&seen), 1);
+    }
+
+    /// A batch: every lock won gets the same fence, above every counter read for any of
+    /// them, in one write-back round; errors stay errors; a lock that expired meanwhile
+    /// becomes an error and is released, the others are returned fenced.
+    #[test]
+    fn a_batch_shares_one_fence_above_every_counter_read() {
+        let (url, seen) = node(b":1\r\n");
+        let mut rl = client(&url);
+        let a = lock(&mut rl, b"a", Some(Duration::from_secs(10)));
+        let c = lock(&mut rl, b"c", None);
+        let d = lock(&mut rl, b"d", Some(Duration::from_secs(10)));
+        let (ta, tc, td) = (a.token_value(), c.token_value(), d.token_value());
+        let tb = rl.next_token().unwrap();
+        let items = [
+            Item {
+                key: b"a",
+                token: &ta,
+            },
+            Item {
+                key: b"b",
+                token: &tb,
+            },
+            Item {
+                key: b"c",
+                token: &tc,
+            },
+            Item {
+                key: b"d",
+                token: &td,
+            },
+        ];
+        let taken = Error::InvalidArgument(ArgumentError::new("resource", "b", "taken"));
+        let mut results = vec![Ok(a), Err(taken), Ok(c), Ok(d)];
+        acquired(&mut rl, &[Some(5), Some(100), None, Some(9)]);
+        rl.fence_batch(&items, &mut results, Instant::now());
+        let fences: Vec<_> = results
+            .iter()
+            .map(|r| r.as_ref().map(|l| l.fence()))
+            .collect();
+        assert!(matches!(fences[0], Ok(Some(10))), "{fences:?}");
+        assert!(matches!(results[1], Err(Error::InvalidArgument(_))));
+        assert!(matches!(results[2], Err(Error::Expired(_))), "{results:?}");
+        assert!(matches!(fences[3], Ok(Some(10))), "{fences:?}");
+        // One command per lock won, each with the one fence.
+        assert_eq!(with_arg(&seen, b"10"), 3);
+        assert_eq!(releases(&seen), 1, "the expired lock is released");
+    }
+
+    /// A batch whose every lock is fenced releases nothing; one that won nothing writes
+    /// nothing back.
+    #[test]
+    fn a_batch_fenced_whole_releases_nothing() {
+        let (url, seen) = node(b":1\r\n");
+        let mut rl = client(&url);
+        let a = lock(&mut rl, b"a", Some(Duration::from_secs(10)));
+        let ta = a.token_value();
+        let items = [Item {
+            key: b"a",
+            token: &ta,
+        }];
+        let mut results = vec![Ok(a)];
+        acquired(&mut rl, &[Some(2)]);
+        rl.fence_batch(&items, &mut results, Instant::now());
+        assert!(
+            matches!(&results[0], Ok(l) if l.fence() == Some(3)),
+            "{results:?}"
+        );
+        assert_eq!(releases(&seen), 0);
+        let seen_before = seen.lock().unwrap().len();
+        let mut lost = vec![Err(Error::InvalidArgument(ArgumentError::new(
+            "resource", "a", "taken",
+        )))];
+        rl.fence_batch(&items, &mut lost, Instant::now());
+        assert_eq!(seen.lock().unwrap().len(), seen_before);
+    }
+}

@@ -140,21 +140,21 @@ mod tests {
             let mut budget = WaitBudget::new(start, timeout);
             // Worst case: every wait runs to its full (rounded-up) length.
             let mut clock = start;
-            let mut readings = 0;
+            let mut waits = 0;
             loop {
                 let wait = match budget.next_wait() {
                     Some(w) => w,
-                    None => {
-                        readings += 1;
-                        match budget.resync(clock) {
-                            Some(w) => w,
-                            None => break,
-                        }
-                    }
+                    None => match budget.resync(clock) {
+                        Some(w) => w,
+                        None => break,
+                    },
                 };
                 assert!(!wait.is_zero());
                 clock += Duration::from_millis(ceil_ms(wait));
-                assert!(readings < 10_000, "{timeout:?} never ends");
+                // Counted per wait, not per reading: a budget that never runs dry must
+                // fail here too, not hang.
+                waits += 1;
+                assert!(waits < 10_000, "{timeout:?} never ends");
             }
             let over = clock.duration_since(start).saturating_sub(timeout);
             // Only the last wait, shorter than a millisecond, may be rounded up past it.
@@ -188,7 +188,8 @@ mod tests {
         for ms in 0..2_000u64 {
             let mut budget = WaitBudget::new(base(), Duration::from_millis(ms));
             let mut n = 0;
-            while budget.next_wait().is_some() {
+            // Bounded, so that a budget that never runs dry fails here instead of hanging.
+            while n <= 8 && budget.next_wait().is_some() {
                 n += 1;
             }
             assert!(n <= 8, "{ms} ms: {n} slices");
@@ -229,5 +230,24 @@ mod tests {
             again.resync(later + Duration::from_millis(75)),
             Some(Duration::from_millis(5))
         );
+    }
+
+    /// After a clock reading, the waits handed out without the clock, each counted as a
+    /// whole number of milliseconds rounded up, cover what the reading left and no more:
+    /// 20.5 ms left is two 10 ms waits, 12.5 ms is one, 7.5 ms is just that.
+    #[test]
+    fn a_reading_leaves_exactly_the_whole_slices_that_fit() {
+        let start = base();
+        let us = Duration::from_micros;
+        let ten = Duration::from_millis(10);
+        let mut budget = WaitBudget::new(start, Duration::from_millis(80));
+        budget.expire();
+        assert_eq!(budget.resync(start + us(59_500)), Some(ten));
+        assert_eq!(budget.next_wait(), Some(ten));
+        assert_eq!(budget.next_wait(), None);
+        assert_eq!(budget.resync(start + us(67_500)), Some(ten));
+        assert_eq!(budget.next_wait(), None);
+        assert_eq!(budget.resync(start + us(72_500)), Some(us(7_500)));
+        assert_eq!(budget.next_wait(), None);
     }
 }

@@ -212,4 +212,32 @@ mod tests {
             Err(t)
         );
     }
+
+    /// An extend decided at the very instant the lock runs out, by its current deadline
+    /// or by the new one, gains nothing: a validity window ends at its deadline, it does
+    /// not include it.
+    #[test]
+    fn an_extend_decided_as_the_lock_runs_out_keeps_the_old_deadline() {
+        let t = base();
+        let ms = Duration::from_millis;
+        // Decided at the current deadline, with a new one later still.
+        let current = t + ms(50);
+        assert_eq!(
+            extended_until(Decision::Won, current, t, ms(100), 0.01, current),
+            Err(current)
+        );
+        // Decided at the new deadline (t + 97 ms), before the current one: the nodes
+        // that took the new ttl may expire the key from then on.
+        let current = t + ms(200);
+        assert_eq!(
+            extended_until(Decision::Won, t + ms(97), t, ms(100), 0.01, current),
+            Err(t + ms(97))
+        );
+        // One tick earlier, both are still ahead: the extend holds.
+        let just_before = t + ms(97) - Duration::from_nanos(1);
+        assert_eq!(
+            extended_until(Decision::Won, just_before, t, ms(100), 0.01, current),
+            Ok(t + ms(97))
+        );
+    }
 }

@@ -1063,4 +1063,170 @@ mod tests {
             assert_eq!((r.voted_word(2, 0), r.voted_word(0, 2)), (0, 0));
         }
     }
+
+    /// A round has one slot per resource, every vote pending and nothing decided until
+    /// votes come.
+    #[test]
+    fn a_round_begins_with_a_slot_per_resource_and_every_vote_pending() {
+        let mut r = Round::default();
+        r.begin(Phase::Extend, 7, 3);
+        assert_eq!((r.slots(), r.nodes(), r.quorum()), (3, 7, 4));
+        assert_eq!(r.phase(), Some(Phase::Extend));
+        assert!(!r.is_done());
+        for slot in 0..3 {
+            assert_eq!(r.decision(slot), Decision::Open);
+            assert!((0..7).all(|node| r.is_pending(node, slot)));
+            assert_eq!((r.yes(slot), r.answered(slot)), (0, 0));
+        }
+    }
+
+    /// A fenced acquire's fence counter is the largest among the counted yes votes,
+    /// whatever order they come in; a slot whose yes votes carried none has none.
+    #[test]
+    fn the_fence_counter_is_the_largest_read_whatever_the_order() {
+        let mut r = Round::default();
+        r.begin(Phase::Acquire, 5, 2);
+        assert_eq!(r.counter(0), None);
+        for c in [5, 9, 3] {
+            r.raise_counter(0, c);
+        }
+        assert_eq!(r.counter(0), Some(9));
+        assert_eq!(r.counter(1), None);
+        // No such slot: nothing recorded, nothing read.
+        r.raise_counter(2, 4);
+        assert_eq!(r.counter(2), None);
+        // A new round forgets the last one's counters.
+        r.begin(Phase::Acquire, 5, 2);
+        assert_eq!(r.counter(0), None);
+    }
+
+    /// The hot-path `tally` counts the votes of nodes from 64 on as `record` does: a
+    /// majority of a 70-node round reached through them wins.
+    #[test]
+    fn tally_counts_nodes_past_64() {
+        let (mut r, _) = round(Phase::Acquire, 70);
+        for node in 34..70 {
+            r.tally(node, 0, true);
+        }
+        assert_eq!(r.yes(0), 36);
+        assert!(!r.is_pending(65, 0));
+        assert_eq!(r.vote(65, 0), Some(Outcome::Locked));
+        assert_eq!(r.decision(0), Decision::Won);
+        assert!(r.is_done());
+    }
+
+    /// `record` says whether the vote it was given counted as a yes: the caller notes a
+    /// fence counter only with a counted yes.
+    #[test]
+    fn record_says_whether_a_yes_counted() {
+        let (mut r, _) = round(Phase::Acquire, 5);
+        assert!(r.record(0, 0, Outcome::Locked));
+        assert!(
+            !r.record(0, 0, Outcome::Locked),
+            "a second vote never counts"
+        );
+        assert!(!r.record(1, 0, Outcome::Held));
+        assert!(!r.record(2, 0, Outcome::NoReply));
+        assert!(r.record(3, 0, Outcome::Locked));
+        assert_eq!(r.yes(0), 2);
+    }
+
+    /// A new round starts from no vote at all: a node that failed in the last round and
+    /// now says no is reported as a no, not as the old failure.
+    #[test]
+    fn a_new_round_forgets_the_last_rounds_failures() {
+        let (mut r, _) = round(Phase::Acquire, 3);
+        r.record(1, 0, Outcome::Failed(NodeError::Closed));
+        r.begin(Phase::Acquire, 3, 1);
+        r.record(1, 0, Outcome::Held);
+        assert_eq!(r.vote(1, 0), Some(Outcome::Held));
+        assert_eq!(r.vote_ref(1, 0), Some(&Outcome::Held));
+    }
+
+    /// The hot-path `tally` decides a slot and finishes the round as `record` does.
+    #[test]
+    fn tally_alone_decides_and_finishes_a_round() {
+        let mut r = Round::default();
+        r.begin(Phase::Acquire, 5, 2);
+        for node in 0..3 {
+            r.tally(node, 0, true);
+        }
+        assert_eq!(r.decision(0), Decision::Won);
+        assert!(!r.is_done(), "slot 1 is still open");
+        for node in 0..3 {
+            r.tally(node, 1, false);
+        }
+        assert_eq!(r.decision(1), Decision::Taken);
+        assert!(r.is_done());
+    }
+
+    /// A release is decided by its own rule only, never by an acquire's: on 4 nodes,
+    /// two that no longer hold the key are not a majority of answers (the lock may
+    /// still be held by the other two); on 5, one no and two failures leave a majority
+    /// that can still answer.
+    #[test]
+    fn a_release_is_decided_by_its_own_rule_only() {
+        let (mut r, _) = round(Phase::Release, 4);
+        r.record(0, 0, Outcome::NotHeld);
+        r.record(1, 0, Outcome::NotHeld);
+        assert_eq!(r.decision(0), Decision::Open);
+        let (mut r, _) = round(Phase::Release, 5);
+        r.record(0, 0, Outcome::NotHeld);
+        r.record(1, 0, Outcome::NoReply);
+        r.record(2, 0, Outcome::NoReply);
+        assert_eq!(r.decision(0), Decision::Open);
+        r.record(3, 0, Outcome::Released);
+        assert_eq!(r.decision(0), Decision::Open);
+        r.record(4, 0, Outcome::Released);
+        assert_eq!(r.decision(0), Decision::Done);
+    }
+
+    /// The model checker's state fingerprint tells apart rounds whose votes differ, and
+    /// gives one value for one state.
+    #[test]
+    fn a_fingerprint_tells_rounds_with_other_votes_apart() {
+        use std::hash::{DefaultHasher, Hasher};
+        let print = |r: &Round| {
+            let mut h = DefaultHasher::new();
+            r.fingerprint(&mut h);
+            h.finish()
+        };
+        let (mut a, _) = round(Phase::Acquire, 5);
+        let (mut b, _) = round(Phase::Acquire, 5);
+        assert_eq!(print(&a), print(&b));
+        a.record(0, 0, Outcome::Locked);
+        assert_ne!(print(&a), print(&b));
+        b.record(0, 0, Outcome::Locked);
+        assert_eq!(print(&a), print(&b));
+        a.record(1, 0, Outcome::Held);
+        b.record(1, 0, Outcome::Failed(NodeError::Closed));
+        assert_ne!(print(&a), print(&b));
+    }
+
+    /// A vote for a slot the round does not have records nothing, from a node past 64
+    /// as from the first 64: it is not pending, not counted, and breaks nothing.
+    #[test]
+    fn a_vote_for_no_such_slot_records_nothing_from_any_node() {
+        let mut r = Round::default();
+        r.begin(Phase::Acquire, 150, 3);
+        for node in [0, 63, 64, 100, 149] {
+            assert!(!r.record(node, 3, Outcome::Locked), "node {node}");
+            r.tally(node, 3, true);
+            assert!(!r.is_pending(node, 3), "node {node}");
+            assert_eq!(r.vote(node, 3), None, "node {node}");
+        }
+        assert!((0..3).all(|slot| r.yes(slot) == 0 && r.decision(slot) == Decision::Open));
+    }
+
+    /// `voted_word` reads each slot's own words: with more than 128 nodes (two words
+    /// past the first per slot), a vote on one slot shows in that slot's word only.
+    #[test]
+    fn voted_words_are_kept_per_slot_past_128_nodes() {
+        let mut r = Round::default();
+        r.begin(Phase::Acquire, 150, 2);
+        r.tally(64, 1, true);
+        r.tally(130, 0, false);
+        assert_eq!((r.voted_word(0, 1), r.voted_word(1, 1)), (0, 1));
+        assert_eq!((r.voted_word(0, 2), r.voted_word(1, 2)), (1 << 2, 0));
+    }
 }

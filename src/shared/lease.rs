@@ -445,4 +445,29 @@ mod tests {
             }
         );
     }
+
+    fn state(deadline: Instant, lost: bool) -> LeaseState {
+        LeaseState {
+            deadline,
+            lost,
+            wakers: Vec::new(),
+            next_id: 0,
+        }
+    }
+
+    /// A lease is lost from its deadline on, whatever the loop has heard, and at any time
+    /// once marked lost; before its deadline and unmarked, it is held.
+    #[test]
+    fn a_lease_is_lost_from_its_deadline_on_or_once_marked() {
+        let base = Instant::now();
+        let deadline = at(base, 1000);
+        let held = state(deadline, false);
+        assert!(!held.is_lost(base));
+        assert!(!held.is_lost(at(base, 999)));
+        assert!(held.is_lost(deadline));
+        assert!(held.is_lost(at(base, 1001)));
+        let marked = state(deadline, true);
+        assert!(marked.is_lost(base));
+        assert!(marked.is_lost(at(base, 1001)));
+    }
 }
