@@ -334,15 +334,7 @@ fn restart_guard() {
 
 /// Subscribers to `key`'s release notices on `node`.
 fn listeners(cluster: &Cluster, node: usize, key: &str) -> i64 {
-    let channel = format!("quorumlock:released:{key}");
-    cluster
-        .node(node)
-        .admin()
-        .cmd(&["PUBSUB", "NUMSUB", channel.as_str()])
-        .as_array()
-        .and_then(|a| a.get(1))
-        .and_then(|r| r.as_int())
-        .unwrap_or(0)
+    cluster.node(node).admin().notice_listeners(key)
 }
 
 /// A waiter whose own poll is an hour away gets the lock: woken by the release notice the

@@ -519,16 +519,7 @@ fn connections_killed_by_the_server_are_replaced() {
 
 /// Subscribers to `key`'s release notices on `node`.
 fn listeners(cluster: &Cluster, node: usize, key: &str) -> i64 {
-    let channel = format!("quorumlock:released:{key}");
-    let reply = cluster
-        .node(node)
-        .admin()
-        .cmd(&["PUBSUB", "NUMSUB", channel.as_str()]);
-    reply
-        .as_array()
-        .and_then(|a| a.get(1))
-        .and_then(|r| r.as_int())
-        .unwrap_or(0)
+    cluster.node(node).admin().notice_listeners(key)
 }
 
 #[test]

@@ -415,15 +415,7 @@ fn the_shared_client_works_over_tls() {
 
 /// Subscribers to `key`'s release notices on `node`.
 fn listeners(node: &TlsNode, key: &str) -> i64 {
-    let channel = format!("quorumlock:released:{key}");
-    node.cluster
-        .node(0)
-        .admin()
-        .cmd(&["PUBSUB", "NUMSUB", channel.as_str()])
-        .as_array()
-        .and_then(|a| a.get(1))
-        .and_then(|r| r.as_int())
-        .unwrap_or(0)
+    node.cluster.node(0).admin().notice_listeners(key)
 }
 
 #[test]

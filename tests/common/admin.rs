@@ -505,6 +505,16 @@ impl Admin {
     }
 
     /// The server's `uptime_in_seconds` (0 if it cannot be read).
+    /// Subscribers to `key`'s release notices (`PUBSUB NUMSUB quorumlock:released:<key>`).
+    pub fn notice_listeners(&mut self, key: &str) -> i64 {
+        let channel = format!("quorumlock:released:{key}");
+        self.cmd(&["PUBSUB", "NUMSUB", channel.as_str()])
+            .as_array()
+            .and_then(|a| a.get(1))
+            .and_then(|r| r.as_int())
+            .unwrap_or(0)
+    }
+
     pub fn uptime_secs(&mut self) -> u64 {
         self.info_field("server", "uptime_in_seconds")
             .and_then(|v| v.parse().ok())
