@@ -18,7 +18,7 @@ mod world;
 
 use explore::{Options, explore};
 use quorumlock::__private::core::faults::{self, Fault};
-use world::{Config, FAST, FENCED, WAITER_WINS, WON, World, bit_names};
+use world::{Config, EXACT, FAST, FENCED, SLOWEST, WAITER_WINS, WON, World, bit_names};
 
 /// The model's common world, one instant, a lock won to be reached.
 fn base(name: &'static str) -> Config {
@@ -86,6 +86,32 @@ fn cases() -> Vec<(Fault, Config)> {
                 ..base("guard: a restart, guard on")
             },
         ),
+        (
+            Fault::ValidityOverstated,
+            // A client at the edge (SLOWEST) against fast servers: its window, 1 ms too
+            // long, outlives its keys by a quarter of a millisecond, which only a time
+            // step to the keys' expiry (an edge) lands in; at 25 ms ticks it is missed.
+            Config {
+                client_rates: vec![SLOWEST, EXACT],
+                attempts: 1,
+                ticks: 2,
+                urgent: true,
+                edges: 3,
+                ..base("validity +1 ms: a client at the edge, time steps to the edges")
+            },
+        ),
+        (
+            Fault::ValidityFromDecision,
+            // Node 0's reply read a tick late: counted from then, the window outlives
+            // the keys set at the start, and the other client takes them at tick 2.
+            Config {
+                attempts: 1,
+                ticks: 2,
+                urgent: true,
+                late: vec![(0, 0)],
+                ..base("validity from the decision: node 0's reply to client 0 late")
+            },
+        ),
     ]
 }
 
@@ -126,6 +152,9 @@ fn every_fault_is_caught() {
             stop: if config.stop { config.expect } else { 0 },
             reduce: true,
             check_independence: 0,
+            // A violation of the explorer's own tests would pass for a caught fault: the
+            // fingerprints are tested in tests/model.rs (scripts/model-release-check.sh).
+            check_fingerprints: config.check_fingerprints,
         };
         // The configuration passes without the fault: what catches the fault is the
         // fault, not the configuration. A whole exploration (the faulty one stops at
