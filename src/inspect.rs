@@ -362,8 +362,10 @@ fn view(node: &Endpoint, settings: &Settings, resource: &[u8]) -> Result<NodeVie
         value,
         pttl,
         // A run_id is hex by `Identity::parse`'s check.
-        run_id: identity.map(|id| id.run_id.escape_ascii().to_string()),
-        uptime: identity.map(|id| id.uptime),
+        run_id: identity
+            .and_then(|id| id.run_id)
+            .map(|id| id.escape_ascii().to_string()),
+        uptime: identity.and_then(|id| id.uptime),
     })
 }
 

@@ -105,8 +105,12 @@ pub mod __private {
         #[cfg(feature = "model-faults")]
         pub use crate::core::faults;
         pub use crate::core::{
-            budget, command, engine, notice, quorum, round, script, session, token,
+            budget, command, engine, notice, quorum, round, script, session, slot, token,
         };
+    }
+    /// The lease renewal arithmetic of the shared client.
+    pub mod lease {
+        pub use crate::shared::lease::{Renewal, renew_at, renewal};
     }
     /// The RESP2 codec.
     pub mod resp {

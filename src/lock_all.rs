@@ -13,6 +13,7 @@
 //!   part of the set while it waits for the rest.
 
 use crate::core::engine::{Item, Request};
+use crate::core::slot::slot;
 use crate::error::{ArgumentError, Error, Phase};
 use crate::lock::Lock;
 use crate::redlock::{MAX_BATCH, MAX_BATCH_BYTES, Redlock, ttl_millis};
@@ -132,6 +133,29 @@ impl Redlock {
         }
         if bytes > MAX_BATCH_BYTES {
             return refuse(format!("{bytes} bytes"), "at most 256 KiB of names in all");
+        }
+        // A cluster-mode node runs a script over one hash slot only: refused here, with
+        // what to do, rather than by every node with CROSSSLOT. (Before the first
+        // connection's INFO no node is known to be one: that first call meets CROSSSLOT.)
+        if resources.len() > 1 && self.driver.cluster_mode() {
+            let first = resources[0].as_ref();
+            if let Some(other) = resources
+                .iter()
+                .map(AsRef::as_ref)
+                .find(|r| slot(r) != slot(first))
+            {
+                return refuse(
+                    format!(
+                        "{:?} and {:?} (hash slots {} and {})",
+                        crate::error::Escaped(first),
+                        crate::error::Escaped(other),
+                        slot(first),
+                        slot(other)
+                    ),
+                    "a node is in cluster mode, which runs one script over one hash slot \
+                     only (CROSSSLOT): give the resources one hash tag, as {tag}a and {tag}b",
+                );
+            }
         }
         let mut sorted: Vec<&[u8]> = resources.iter().map(AsRef::as_ref).collect();
         sorted.sort_unstable();

@@ -63,9 +63,19 @@ impl Redlock {
     }
 
     pub(crate) fn from_settings(settings: Settings) -> Result<Redlock, Error> {
-        let tokens = TokenSource::from_os()
-            .map_err(|e| Error::Os(OsError::new("reading lock tokens from /dev/urandom", e)))?;
-        let driver = Driver::new(&settings)
+        let urandom = |e| Error::Os(OsError::new("reading lock tokens from /dev/urandom", e));
+        let mut tokens = TokenSource::from_os().map_err(urandom)?;
+        // With the restart guard on, each node's marker, written where a node has none.
+        let mut markers = Vec::with_capacity(settings.nodes.len());
+        for _ in &settings.nodes {
+            let marker = if settings.restart_guard.is_zero() {
+                None
+            } else {
+                tokens.next_token().map_err(urandom)?.as_array().copied()
+            };
+            markers.push(marker);
+        }
+        let driver = Driver::new(&settings, markers)
             .map_err(|e| Error::Os(OsError::new("creating the event queue (epoll)", e)))?;
         Ok(Redlock {
             settings,

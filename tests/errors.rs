@@ -295,3 +295,42 @@ fn a_failure_shows_its_resource_as_text() {
     assert!(!format!("{held:?} {err:?} {err}").contains(&token));
     a.unlock(&held).expect("unlock");
 }
+
+/// A server that runs no Lua scripts (here `EVAL` and `EVALSHA` renamed away; Garnet
+/// without `--lua` says so in other words) takes a plain lock but cannot release it: the
+/// unlock's error says plainly, per node, that the server runs no scripts.
+#[test]
+fn a_server_without_scripting_is_reported_as_such() {
+    let options = common::NodeOptions {
+        extra_args: [
+            "--rename-command",
+            "EVAL",
+            "",
+            "--rename-command",
+            "EVALSHA",
+            "",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..common::NodeOptions::default()
+    };
+    let cluster = Cluster::start_with(3, &options);
+    let mut rl = client(&cluster.urls());
+    let lock = rl
+        .lock("noscript", TTL)
+        .expect("a plain SET NX needs no script");
+    let err = rl
+        .unlock(&lock)
+        .expect_err("no node can run the release script");
+    let f = failure(&err);
+    assert_eq!(f.op, Phase::Release);
+    // Decided once too many had failed: a majority says it, the rest were not needed.
+    let off = f.count(|o| matches!(o, Outcome::Failed(NodeError::ScriptingOff(_))));
+    let not_needed = f.count(|o| matches!(o, Outcome::NotNeeded));
+    assert!(
+        off >= f.quorum && off + not_needed == f.nodes.len(),
+        "{f:?}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("runs no Lua scripts"), "{text}");
+}

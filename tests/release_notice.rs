@@ -128,7 +128,7 @@ fn lock_all_and_fenced_unlocks_publish_each_key() {
 fn a_release_that_deletes_nothing_publishes_nothing() {
     let cluster = Cluster::start(1);
     let key: &[u8] = b"notice:other";
-    let fence = [b"quorumlock:fence:".as_slice(), key].concat();
+    let fence = quorumlock::__private::core::slot::fence_key(key);
     let mut sub = subscriber(&cluster, 0, &[key]);
     let mut admin = cluster.node(0).admin();
     admin.set(key, "their-token");

@@ -126,6 +126,7 @@ pub fn check_notice(data: &[u8]) {
             user: Some("u".into()),
             password: Some("pw".into()),
             db: 5,
+            marker: None,
         },
         _ => Login {
             password: Some("pw".into()),

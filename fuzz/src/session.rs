@@ -329,6 +329,10 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits, now: Instant) -> 
                 Handshake::Ok => b"OK",
                 Handshake::Pong => b"PONG",
                 Handshake::Info => unreachable!("INFO answers text"),
+                // The model's logins carry no marker (restart guard off): never sent.
+                Handshake::MarkerSet | Handshake::MarkerGet => {
+                    unreachable!("no marker in the model's logins")
+                }
             };
             return match reply {
                 Reply::Simple(got) if got == text => Meaning {
@@ -347,7 +351,7 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits, now: Instant) -> 
                     (Outcome::Locked, Some(n as u64))
                 }
                 Reply::Bulk(None) => (Outcome::Held, None),
-                Reply::Error(m) => (Outcome::Failed(NodeError::Server(lossy(m))), None),
+                Reply::Error(m) => (Outcome::Failed(server_error(m)), None),
                 _ => return broken(NodeError::UnexpectedReply(""), Some(expect)),
             };
             return Meaning {
@@ -362,11 +366,11 @@ fn oracle(front: Option<&Expect>, buf: &[u8], limits: &Limits, now: Instant) -> 
             };
         }
         Expected::Command(phase) | Expected::Script(phase) => match (phase, reply) {
-            (Phase::Acquire, Reply::Error(m)) => Outcome::Failed(NodeError::Server(lossy(m))),
+            (Phase::Acquire, Reply::Error(m)) => Outcome::Failed(server_error(m)),
             (_, Reply::Error(m)) if m.starts_with(b"NOSCRIPT") => {
                 Outcome::Failed(NodeError::NoScript)
             }
-            (_, Reply::Error(m)) => Outcome::Failed(NodeError::Server(lossy(m))),
+            (_, Reply::Error(m)) => Outcome::Failed(server_error(m)),
             (Phase::Acquire, Reply::Simple(b"OK")) => Outcome::Locked,
             (Phase::Acquire, Reply::Bulk(None)) => Outcome::Held,
             (Phase::Extend, Reply::Integer(1)) => Outcome::Locked,
@@ -440,11 +444,13 @@ impl Harness {
                 user: Some("app".into()),
                 password: Some("secret".into()),
                 db,
+                marker: None,
             },
             _ => Login {
                 user: None,
                 password: Some("pw".into()),
                 db,
+                marker: None,
             },
         };
         let limits = match (config >> 3) & 3 {
@@ -1267,5 +1273,23 @@ pub fn check_session(data: &[u8]) {
             }
         }
         h.check_state();
+    }
+}
+
+/// A server's error, restated from the library's rule: a message that says the server
+/// runs no scripts (scripting disabled; `EVAL` unknown or forbidden) is `ScriptingOff`
+/// anything else `Server`, each with the message.
+fn server_error(m: &[u8]) -> NodeError {
+    let text = String::from_utf8_lossy(m).into_owned();
+    let lower = m.to_ascii_lowercase();
+    let has = |n: &[u8]| lower.windows(n.len()).any(|w| w == n);
+    let eval = has(b"'eval") || has(b"`eval");
+    if (has(b"scripting") && has(b"disabled"))
+        || (lower.starts_with(b"err unknown command") && eval)
+        || (lower.starts_with(b"noperm") && eval)
+    {
+        NodeError::ScriptingOff(text)
+    } else {
+        NodeError::Server(text)
     }
 }

@@ -17,6 +17,7 @@
 //!   command against the generic encoder byte for byte.
 
 use super::script;
+use super::slot::FenceName;
 use super::token::Token;
 use crate::error::Phase;
 use crate::resp::encode::{array, bulk, bulk_int, line};
@@ -386,8 +387,11 @@ impl Frame {
     }
 }
 
-/// Where a resource's fence counter lives: this prefix, then the resource. The counter is
+/// Where a resource's fence counter lives: this prefix, then a name that hashes to the
+/// resource's cluster slot (`{resource}` for most; [`slot::FenceName`]). The counter is
 /// permanent state on each node (no expiry): it only ever rises.
+///
+/// [`slot::FenceName`]: super::slot::FenceName
 pub const FENCE_PREFIX: &[u8] = b"quorumlock:fence:";
 
 /// Which keys a script over several resources names, in this order.
@@ -395,8 +399,6 @@ pub const FENCE_PREFIX: &[u8] = b"quorumlock:fence:";
 pub enum KeyList {
     /// The lock keys (the resources themselves).
     Locks,
-    /// Their fence counters ([`FENCE_PREFIX`] + resource).
-    Fences,
     /// The lock keys, then their fence counters.
     Both,
 }
@@ -425,7 +427,7 @@ pub enum Arg<'a> {
 /// assert_eq!(
 ///     out,
 ///     &b"*8\r\n$4\r\nEVAL\r\n$8\r\nreturn 1\r\n$1\r\n4\r\n$1\r\na\r\n$1\r\nb\r\n\
-///        $18\r\nquorumlock:fence:a\r\n$18\r\nquorumlock:fence:b\r\n$1\r\n7\r\n"[..]
+///        $20\r\nquorumlock:fence:{a}\r\n$20\r\nquorumlock:fence:{b}\r\n$1\r\n7\r\n"[..]
 /// );
 /// ```
 pub fn eval_over<'k>(
@@ -441,16 +443,16 @@ pub fn eval_over<'k>(
     bulk(out, b"EVAL");
     bulk(out, script);
     bulk_int(out, key_count as i64);
-    if which != KeyList::Fences {
-        for key in keys.clone() {
-            bulk(out, key);
-        }
+    for key in keys.clone() {
+        bulk(out, key);
     }
-    if which != KeyList::Locks {
+    if which == KeyList::Both {
         for key in keys {
-            line(out, b'$', (FENCE_PREFIX.len() + key.len()) as u64, false);
-            out.extend_from_slice(FENCE_PREFIX);
-            out.extend_from_slice(key);
+            // In the resource's hash slot: a cluster-mode node runs one script over one
+            // slot only.
+            let name = FenceName::of(key);
+            line(out, b'$', name.len(key) as u64, false);
+            name.write(key, out);
             out.extend_from_slice(b"\r\n");
         }
     }

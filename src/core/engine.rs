@@ -165,7 +165,7 @@ impl Request<'_> {
     }
 }
 
-/// What a round does with the items' fence counters (`quorumlock:fence:<resource>` on
+/// What a round does with the items' fence counters (`quorumlock:fence:{<resource>}` on
 /// each node, see [`command::FENCE_PREFIX`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fencing {
@@ -359,7 +359,7 @@ impl Engine {
         let guard = self.timing.restart_guard;
         let mut watch = 0;
         for (node, s) in self.sessions.iter().enumerate() {
-            let young = !guard.is_zero() && s.identity.is_none_or(|id| id.up_for(at) < guard);
+            let young = !guard.is_zero() && s.up_for(at).is_none_or(|up| up < guard);
             if young || self.twin_of(node).is_some() {
                 watch |= node_bit(node);
             }
@@ -368,16 +368,16 @@ impl Engine {
         self.slow_votes = if self.fast_votes { watch } else { !0 };
     }
 
-    /// The nodes other than `node` whose server, as last identified, is `node`'s.
+    /// The nodes other than `node` whose server, as last identified, is `node`'s (the
+    /// same `run_id`, or where one has none, the same marker).
     fn twins(&self, node: usize) -> impl Iterator<Item = usize> + '_ {
-        let run_id = self.sessions[node].identity.map(|id| id.run_id);
+        let identity = self.sessions[node].identity;
         self.sessions
             .iter()
             .enumerate()
             .filter(move |&(m, o)| {
                 m != node
-                    && run_id.is_some()
-                    && o.identity.map(|id| id.run_id) == run_id
+                    && matches!((identity, o.identity), (Some(a), Some(b)) if a.same_server(&b))
                     && !super::fault!(AliasCountedTwice)
             })
             .map(|(m, _)| m)
@@ -428,7 +428,9 @@ impl Engine {
                 return Outcome::Failed(NodeError::Unidentified);
             };
             let at = self.round_start.unwrap_or(id.read_at);
-            let up_for = id.up_for(at);
+            let Some(up_for) = s.up_for(at) else {
+                return Outcome::Failed(NodeError::Unidentified);
+            };
             #[cfg(feature = "model-faults")]
             let up_for = if super::fault!(GuardWrongClock) {
                 at.saturating_duration_since(self.born)
@@ -885,7 +887,9 @@ impl Engine {
             // A fence write-back goes to every node whose connection is up, a lagging one
             // too: it raises the counter there whenever the node runs it.
             let behind = match active.req.phase {
-                Phase::Release => chases(active.req.chase, node),
+                Phase::Release => {
+                    chases(active.req.chase, node) && !super::fault!(UnlockSkipsLagging)
+                }
                 Phase::Fence => true,
                 _ => false,
             };
@@ -1671,15 +1675,22 @@ fn encode_scripts(frame: &mut Frame, req: &Request<'_>) {
                 } else {
                     KeyList::Locks
                 };
+                let group = if super::fault!(AcquireAllFirstKey) {
+                    &group[..1]
+                } else {
+                    group
+                };
                 let n = Arg::Int(group.len() as u64);
+                let keys = group.iter().map(|item| item.key);
                 command::eval_over(out, script::ACQUIRE, keys, which, &[token, ttl, n]);
             }
             (Phase::Extend, _) => {
                 command::eval_over(out, script::EXTEND_ALL, keys, KeyList::Locks, &[token, ttl]);
             }
+            // Raised only where the lock keys still hold the token (`script::FENCE`).
             (Phase::Fence, Fencing::Write(fence)) => {
                 let fence = Arg::Int(fence);
-                command::eval_over(out, script::FENCE, keys, KeyList::Fences, &[fence]);
+                command::eval_over(out, script::FENCE, keys, KeyList::Both, &[token, fence]);
             }
             // A fenced lock's release raises each counter to its fence, then deletes.
             (Phase::Release, Fencing::Write(fence)) => {
@@ -1694,7 +1705,8 @@ fn encode_scripts(frame: &mut Frame, req: &Request<'_>) {
             }
             // A write-back is always given its value; without one, 0 raises nothing.
             (Phase::Fence, _) => {
-                command::eval_over(out, script::FENCE, keys, KeyList::Fences, &[Arg::Int(0)]);
+                let zero = Arg::Int(0);
+                command::eval_over(out, script::FENCE, keys, KeyList::Both, &[token, zero]);
             }
             _ => command::eval_over(out, script::RELEASE_ALL, keys, KeyList::Locks, &[token]),
         });

@@ -1,6 +1,7 @@
-//! Deliberate protocol faults, for the model checker's caught-bug test
-//! (`tests/model_faults.rs`) only: this module exists only with the non-default cargo
-//! feature `model-faults`.
+//! Deliberate protocol faults, for the caught-bug tests of the model checker
+//! (`tests/model_faults.rs`: the first four) and of the random simulation
+//! (`tests/sim_faults.rs`: the last four) only: this module exists only with the
+//! non-default cargo feature `model-faults`.
 //!
 //! # How
 //!
@@ -8,7 +9,8 @@
 //! `fault!` macro. Without the feature the macro is the constant `false`, so the branch is
 //! removed at compile time: normal builds have neither the switch nor its test on the hot
 //! path. With it, the switch is per thread (the test's explorer runs on the thread that
-//! set it), all off by default.
+//! set it; the simulation runs a fault's scenarios on the thread that set it), all off
+//! by default.
 
 use std::cell::Cell;
 
@@ -33,6 +35,18 @@ pub enum Fault {
     /// `quorum::acquired_until` counts the validity from the round's decision instead of
     /// its start: the time the round took is not subtracted.
     ValidityFromDecision,
+    /// `quorum::extended_until` keeps the new deadline of an extend won after the lock's
+    /// current deadline had passed (only the new deadline is checked).
+    ExtendLateWin,
+    /// `shared::lease::renewal` dates a renewed lease's deadline from the renewal
+    /// round's decision instead of its start.
+    LeaseFromDecision,
+    /// `Engine::start_node` does not queue an unlock's compare-and-delete behind a
+    /// lagging node's stale SET or extend: the delete is dropped, the key left there.
+    UnlockSkipsLagging,
+    /// An atomic acquire (`lock_all`) sends `script::ACQUIRE` over its first key only: a
+    /// node's yes then holds only part of the set.
+    AcquireAllFirstKey,
 }
 
 thread_local! {

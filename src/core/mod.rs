@@ -34,6 +34,7 @@ pub mod quorum;
 pub mod round;
 pub mod script;
 pub mod session;
+pub mod slot;
 pub mod token;
 
 /// Whether the deliberate fault `faults::Fault::$f` is switched on: with the non-default

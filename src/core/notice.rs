@@ -472,6 +472,7 @@ mod tests {
             user: user.map(String::from),
             password: password.map(String::from),
             db: 3,
+            marker: None,
         }
     }
 

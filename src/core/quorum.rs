@@ -116,7 +116,13 @@ pub fn extended_until(
 ) -> Result<Instant, Instant> {
     let new_deadline = deadline(start, ttl, drift_factor);
     match new_deadline {
-        Some(end) if decision == Decision::Won && decided < current && decided < end => Ok(end),
+        Some(end)
+            if decision == Decision::Won
+                && (decided < current || super::fault!(ExtendLateWin))
+                && decided < end =>
+        {
+            Ok(end)
+        }
         _ => Err(new_deadline.unwrap_or(start).min(current)),
     }
 }

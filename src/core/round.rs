@@ -84,7 +84,7 @@ pub fn interpret(phase: Phase, reply: &Reply<'_>) -> Outcome {
             Outcome::Failed(if phase != Phase::Acquire && msg.starts_with(b"NOSCRIPT") {
                 NodeError::NoScript
             } else {
-                NodeError::Server(String::from_utf8_lossy(msg).into_owned())
+                NodeError::server(msg)
             })
         }
         (Phase::Acquire, Reply::Simple(b"OK")) => Outcome::Locked,
@@ -644,6 +644,42 @@ fn needs_stamp(phase: Option<Phase>, q: u32, t: Tally) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_that_runs_no_scripts_says_so() {
+        let off = |msg: &[u8]| {
+            matches!(
+                interpret(Phase::Release, &Reply::Error(msg)),
+                Outcome::Failed(NodeError::ScriptingOff(_))
+            )
+        };
+        // Garnet without --lua; EVAL renamed away (Redis 7, 6.2); an ACL without it.
+        assert!(off(b"ERR This instance has Lua scripting support disabled"));
+        assert!(off(
+            b"ERR unknown command 'EVAL', with args beginning with: 'if' "
+        ));
+        assert!(off(
+            b"ERR unknown command `evalsha`, with args beginning with: "
+        ));
+        assert!(off(
+            b"NOPERM User app has no permissions to run the 'eval' command"
+        ));
+        assert!(off(
+            b"NOPERM this user has no permissions to run the 'evalsha' command or its subcommand"
+        ));
+        // Anything else is the server's own error.
+        for other in [
+            &b"ERR unknown command 'FOO'"[..],
+            b"NOPERM this user has no permissions to access one of the keys used as arguments",
+            b"OOM command not allowed when used memory > 'maxmemory'.",
+            b"CROSSSLOT Keys in request don't hash to the same slot",
+        ] {
+            assert!(matches!(
+                interpret(Phase::Release, &Reply::Error(other)),
+                Outcome::Failed(NodeError::Server(_))
+            ));
+        }
+    }
 
     /// The one clock reading of these tests: every other instant is built from it.
     fn base() -> Instant {

@@ -49,12 +49,17 @@ pub const ACQUIRE: &[u8] = br#"local n=tonumber(ARGV[3]) for i=1,n do if redis.c
 /// SHA1 of [`ACQUIRE`].
 pub const ACQUIRE_SHA: &[u8; 40] = b"d6cccac015aba2c5360e6a0e8c7916707871bd3f";
 
-/// Raises every fence counter in `KEYS` to `ARGV[1]` where it is lower (or missing): the
-/// write-back of a fence. Returns 1.
-pub const FENCE: &[u8] = br#"local f=tonumber(ARGV[1]) for i=1,#KEYS do local c=tonumber(redis.call("get",KEYS[i])) if not c or c<f then redis.call("set",KEYS[i],ARGV[1]) end end return 1"#;
+/// The write-back of a fence: with `n = #KEYS / 2` lock keys (`KEYS[1..n]`) then their
+/// fence counters (`KEYS[n+1..]`), raises every counter to `ARGV[2]` where it is lower (or
+/// missing), then answers 1 if every lock key still holds the token `ARGV[1]`, else 0. The
+/// raise goes everywhere (more copies of the counter survive a restart), but a node
+/// confirms the fence only while it holds the lock: the next holder, which needs the key
+/// free there, can only read that counter after the raise (the proof is in
+/// `src/fencing.rs`).
+pub const FENCE: &[u8] = br#"local n=#KEYS/2 local f=tonumber(ARGV[2]) for i=1,n do local c=tonumber(redis.call("get",KEYS[n+i])) if not c or c<f then redis.call("set",KEYS[n+i],ARGV[2]) end end for i=1,n do if redis.call("get",KEYS[i])~=ARGV[1] then return 0 end end return 1"#;
 
 /// SHA1 of [`FENCE`].
-pub const FENCE_SHA: &[u8; 40] = b"e37b94845efb511578143b5e836fb47218163ac2";
+pub const FENCE_SHA: &[u8; 40] = b"e109732706c38e2cb64e03e8892e7e7537148373";
 
 /// Deletes each of `KEYS` whose value is `ARGV[1]`, publishing the release notice of each
 /// it deletes. Returns 1 if all were, else 0.

@@ -110,6 +110,13 @@ pub enum Handshake {
     /// `INFO server`: the server's text, from which its [`Identity`] is read; an error
     /// reply (an ACL without `INFO`) leaves the identity unknown.
     Info,
+    /// `SET quorumlock:marker <value> NX` (restart guard on): `+OK` when the marker was
+    /// missing (the node is new: fresh, or it lost its data), nil when it was there; an
+    /// error (an ACL, a read-only replica) leaves it unwritten.
+    MarkerSet,
+    /// `GET quorumlock:marker` (restart guard on): the node's marker, nil when it has
+    /// none, an error when it cannot be read.
+    MarkerGet,
     /// `+PONG` (PING).
     Pong,
 }
@@ -118,39 +125,65 @@ impl Handshake {
     /// The status text it must answer with; empty for `INFO`, which answers text.
     pub fn text(self) -> &'static [u8] {
         match self {
-            Handshake::Ok => b"OK",
-            Handshake::Info => b"",
+            Handshake::Ok | Handshake::MarkerSet => b"OK",
+            Handshake::Info | Handshake::MarkerGet => b"",
             Handshake::Pong => b"PONG",
         }
     }
 }
 
-/// Who a node is, read from `INFO server` on each connection. (Its tests are below: an
-/// example would need a clock reading, which nothing in `core` takes.)
+/// The key of a node's marker (restart guard on): a value with no expiry that the first
+/// client to connect writes, and every client reads in its handshake. A node that lost
+/// its data has lost its marker; another server behind the same address has another.
+pub const MARKER_KEY: &[u8] = b"quorumlock:marker";
+
+/// The longest marker value compared whole; a longer one (no client of this crate
+/// writes one) is compared by its first bytes.
+const MARKER_MAX: usize = 64;
+
+/// Who a node is, read from `INFO server` on each connection, and with the restart guard
+/// on, from its marker. (Its tests are below: an example would need a clock reading,
+/// which nothing in `core` takes.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Identity {
     /// The server's `run_id`: 40 hex characters, new at every start of the process.
-    pub run_id: [u8; 40],
+    /// Some servers (Dragonfly, Kvrocks) have none.
+    pub run_id: Option<[u8; 40]>,
     /// `uptime_in_seconds`, as the server says: the difference of two whole-second
     /// wall-clock readings, which can exceed the real uptime by up to a second (hence
     /// the restart guard's documented extra second) ...
-    pub uptime: Duration,
+    pub uptime: Option<Duration>,
     /// ... as of this moment on the client's clock: when its reply was read.
     pub read_at: Instant,
+    /// The node's marker ([`MARKER_KEY`]) as read in the handshake (its first
+    /// `MARKER_MAX` bytes); `None` when none was read (guard off, missing, refused).
+    pub marker: Option<Marker>,
+    /// The server runs in cluster mode (`redis_mode:cluster`; Valkey's `server_mode`):
+    /// a script may only touch keys of one hash slot there.
+    pub cluster: bool,
 }
+
+/// A marker's value, as read (its first bytes; zero-padded).
+pub type Marker = [u8; MARKER_MAX];
 
 impl Identity {
     /// Reads `run_id` and `uptime_in_seconds` from the text of an `INFO server` reply
-    /// read at `read_at`; `None` when either is missing or malformed.
+    /// read at `read_at`; `None` when both are missing or malformed.
     pub fn parse(info: &[u8], read_at: Instant) -> Option<Identity> {
         let mut run_id = None;
         let mut uptime = None;
+        let mut cluster = false;
         for line in info.split(|&b| b == b'\n') {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             if let Some(v) = line.strip_prefix(b"run_id:") {
                 run_id = <[u8; 40]>::try_from(v)
                     .ok()
                     .filter(|id| id.iter().all(u8::is_ascii_hexdigit));
+            } else if let Some(v) = line
+                .strip_prefix(b"redis_mode:")
+                .or_else(|| line.strip_prefix(b"server_mode:"))
+            {
+                cluster |= v == b"cluster";
             } else if let Some(v) = line.strip_prefix(b"uptime_in_seconds:") {
                 uptime = std::str::from_utf8(v)
                     .ok()
@@ -159,19 +192,41 @@ impl Identity {
                     .map(Duration::from_secs);
             }
         }
+        if run_id.is_none() && uptime.is_none() {
+            return None;
+        }
         Some(Identity {
-            run_id: run_id?,
-            uptime: uptime?,
+            run_id,
+            uptime,
             read_at,
+            marker: None,
+            cluster,
         })
     }
 
     /// How long the node has been up at `now`, at least: its uptime when the reply was
-    /// read plus the time since, on the client's clock.
-    pub fn up_for(&self, now: Instant) -> Duration {
-        self.uptime
-            .saturating_add(now.saturating_duration_since(self.read_at))
+    /// read plus the time since, on the client's clock; `None` when it gave no uptime.
+    pub fn up_for(&self, now: Instant) -> Option<Duration> {
+        let since = now.saturating_duration_since(self.read_at);
+        self.uptime.map(|u| u.saturating_add(since))
     }
+
+    /// Whether `self` and `other` are one server: the same `run_id`, or where either has
+    /// none, the same marker.
+    pub fn same_server(&self, other: &Identity) -> bool {
+        match (self.run_id, other.run_id) {
+            (Some(a), Some(b)) => a == b,
+            _ => self.marker.is_some() && self.marker == other.marker,
+        }
+    }
+}
+
+/// A marker value as kept: its first `MARKER_MAX` bytes, zero-padded.
+fn marker_of(value: &[u8]) -> Marker {
+    let mut m = [0; MARKER_MAX];
+    let n = value.len().min(MARKER_MAX);
+    m[..n].copy_from_slice(&value[..n]);
+    m
 }
 
 /// Where the connection stands.
@@ -224,6 +279,10 @@ pub struct Login {
     pub password: Option<String>,
     /// Database selected after connecting.
     pub db: u32,
+    /// With the restart guard on, the marker this client writes where a node has none
+    /// (unique per client and node); `None` with the guard off: no marker is written or
+    /// read.
+    pub marker: Option<[u8; 32]>,
 }
 
 /// One node's protocol state.
@@ -286,6 +345,15 @@ pub struct Session {
     pub(crate) lag_noted: bool,
     /// A connection of this node has answered its handshake before.
     pub(crate) connected_before: bool,
+    /// The marker was missing when this connection's handshake wrote it.
+    marker_created: bool,
+    /// The `run_id` and marker this client last saw at this endpoint (restart guard on),
+    /// kept across connections.
+    seen: Option<(Option<[u8; 40]>, Option<Marker>)>,
+    /// Since when the server at this endpoint counts as new (restart guard on): its
+    /// marker was missing or changed, or its `run_id` changed, as seen at that moment.
+    /// Kept across connections: the guard runs from it whatever the next one reads.
+    pub(crate) new_since: Option<Instant>,
 }
 
 impl Session {
@@ -310,6 +378,8 @@ impl Session {
             .map(|i| (i.run_id, i.uptime, i.read_at))
             .hash(h);
         (self.lag_noted, self.connected_before).hash(h);
+        (self.identity.map(|i| i.marker), self.marker_created).hash(h);
+        (self.seen, self.new_since).hash(h);
     }
 
     /// A node not connected yet, to be connected at once.
@@ -338,6 +408,9 @@ impl Session {
             held: false,
             lag_noted: false,
             connected_before: false,
+            marker_created: false,
+            seen: None,
+            new_since: None,
         }
     }
 
@@ -369,9 +442,13 @@ impl Session {
         self.generation += 1;
         self.extend_script_known = false;
         self.identity = None;
+        self.marker_created = false;
         self.state = State::Connecting;
         self.connect_started = now;
-        let Login { user, password, db } = &self.login;
+        let marker = self.login.marker;
+        let Login {
+            user, password, db, ..
+        } = &self.login;
         let mut expects = 0;
         if let Some(pw) = password {
             match user {
@@ -392,11 +469,69 @@ impl Session {
         // that reaches the same server, must not count like a node that kept its keys.
         command(&mut self.outbox, &[b"INFO", b"server"]);
         self.expect_handshake(Handshake::Info, now);
+        // With the guard on, the node's marker: written where missing (which makes the
+        // node new), then read. A node without `run_id` is known by it alone.
+        if let Some(marker) = marker {
+            command(&mut self.outbox, &[b"SET", MARKER_KEY, &marker[..], b"NX"]);
+            self.expect_handshake(Handshake::MarkerSet, now);
+            command(&mut self.outbox, &[b"GET", MARKER_KEY]);
+            self.expect_handshake(Handshake::MarkerGet, now);
+        }
         // PING last: its PONG proves the stream is in step before any lock reply is
         // counted. Bytes a server sends unasked right after accepting meet the PING's
         // entry, not a lock command's, and fail the connection.
         command(&mut self.outbox, &[b"PING"]);
         self.expect_handshake(Handshake::Pong, now);
+    }
+
+    /// With the marker read (`Ok(None)`: missing; `Err`: not readable), at `now`: whether
+    /// the server at this endpoint is new to this client. It is when its marker was
+    /// missing (this handshake wrote it) or differs from the one last seen here, or its
+    /// `run_id` differs from the one last seen here: another server (a failover behind
+    /// the address), or this one without the data it had. Then its yes waits out the
+    /// guard from `now`, across reconnects (`Session::new_since`).
+    fn judge(&mut self, marker: Result<Option<Marker>, ()>, now: Instant) {
+        let identity = self.identity.get_or_insert(Identity {
+            run_id: None,
+            uptime: None,
+            read_at: now,
+            marker: None,
+            cluster: false,
+        });
+        identity.marker = marker.ok().flatten();
+        let current = (identity.run_id, identity.marker);
+        let differs =
+            |a: Option<&[u8]>, b: Option<&[u8]>| matches!((a, b), (Some(a), Some(b)) if a != b);
+        let changed = self.seen.is_some_and(|(run_id, seen_marker)| {
+            differs(
+                run_id.as_ref().map(|r| &r[..]),
+                current.0.as_ref().map(|r| &r[..]),
+            ) || differs(
+                seen_marker.as_ref().map(|m| &m[..]),
+                current.1.as_ref().map(|m| &m[..]),
+            )
+        });
+        let missing = matches!(marker, Ok(None));
+        if self.marker_created || missing || changed {
+            self.new_since = Some(now);
+        }
+        self.seen = Some(current);
+    }
+
+    /// How long, at `at`, the server at this endpoint has been known to be up with its
+    /// data, at least (restart guard): its uptime, but no longer than since it was last
+    /// found new (`Session::new_since`); with no uptime, since then, or where it was
+    /// never found new, as long as it has a marker. `None` when nothing identifies it
+    /// (no `INFO` answered, or neither uptime nor marker): no yes of it counts.
+    pub fn up_for(&self, at: Instant) -> Option<Duration> {
+        let id = self.identity?;
+        let by_news = self.new_since.map(|t| at.saturating_duration_since(t));
+        match (id.up_for(at), by_news) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (Some(a), None) => Some(a),
+            (None, Some(b)) => Some(b),
+            (None, None) => id.marker.map(|_| Duration::MAX),
+        }
     }
 
     fn expect_handshake(&mut self, status: Handshake, now: Instant) {
@@ -623,6 +758,43 @@ impl Session {
                         }
                     };
                     self.consume(used);
+                    continue;
+                }
+                Expected::Handshake(Handshake::MarkerSet) => {
+                    match reply {
+                        Reply::Simple(b"OK") => self.marker_created = true,
+                        // There already; or not writable here (an ACL, a read-only
+                        // replica, out of memory): the read that follows tells.
+                        Reply::Bulk(None) | Reply::Error(_) => {}
+                        _ => {
+                            return Some(Answer::broken(
+                                None,
+                                NodeError::UnexpectedReply(
+                                    "SET NX of the marker answered with neither OK nor nil",
+                                ),
+                            ));
+                        }
+                    }
+                    self.consume(used);
+                    continue;
+                }
+                Expected::Handshake(Handshake::MarkerGet) => {
+                    let marker = match reply {
+                        Reply::Bulk(Some(value)) => Ok(Some(marker_of(value))),
+                        Reply::Bulk(None) => Ok(None),
+                        // Not readable (an ACL on the key): the node is judged without it.
+                        Reply::Error(_) => Err(()),
+                        _ => {
+                            return Some(Answer::broken(
+                                None,
+                                NodeError::UnexpectedReply(
+                                    "GET of the marker answered with neither a value nor nil",
+                                ),
+                            ));
+                        }
+                    };
+                    self.consume(used);
+                    self.judge(marker, now);
                     continue;
                 }
                 Expected::Handshake(want) => {
@@ -860,6 +1032,7 @@ mod tests {
             user: Some("app".into()),
             password: Some("pw".into()),
             db: 2,
+            marker: None,
         }
     }
 
@@ -1159,11 +1332,12 @@ mod tests {
         };
         assert_eq!(s.next_answer(&tight, read_at), None);
         let id = s.identity.expect("INFO server read");
-        assert_eq!(&id.run_id[..], b"7a1f0c3b9d2e4f5a6b7c8d9e0f1a2b3c4d5e6f70");
-        assert_eq!(id.up_for(read_at), Duration::from_secs(42));
+        let run_id = id.run_id.expect("a run_id");
+        assert_eq!(&run_id[..], b"7a1f0c3b9d2e4f5a6b7c8d9e0f1a2b3c4d5e6f70");
+        assert_eq!(id.up_for(read_at), Some(Duration::from_secs(42)));
         assert_eq!(
             id.up_for(read_at + Duration::from_secs(3)),
-            Duration::from_secs(45)
+            Some(Duration::from_secs(45))
         );
         // A new connection knows nothing until its own INFO is answered.
         s.fail(NodeError::Closed, t0, Duration::from_secs(1));
@@ -1186,19 +1360,211 @@ mod tests {
         let id = |text: &[u8]| Identity::parse(text, t);
         let run = b"run_id:0123456789abcdef0123456789abcdef01234567";
         let with = |extra: &[u8]| [&run[..], b"\r\n", extra, b"\r\n"].concat();
-        assert!(id(&with(b"uptime_in_seconds:0")).is_some());
-        assert_eq!(id(&with(b"uptime_in_seconds:")), None);
-        assert_eq!(id(&with(b"uptime_in_seconds:-1")), None);
-        assert_eq!(id(&with(b"uptime_in_seconds:1e3")), None);
+        let uptime = |text: &[u8]| id(text).and_then(|i| i.uptime);
+        assert_eq!(uptime(&with(b"uptime_in_seconds:0")), Some(Duration::ZERO));
+        // A malformed uptime is no uptime; the run_id still identifies the server.
+        for bad in [
+            &b"uptime_in_seconds:"[..],
+            b"uptime_in_seconds:-1",
+            b"uptime_in_seconds:1e3",
+        ] {
+            assert_eq!(uptime(&with(bad)), None);
+            assert!(id(&with(bad)).and_then(|i| i.run_id).is_some());
+        }
         assert_eq!(
-            id(&with(b"uptime_in_seconds:99999999999999999999999")),
+            uptime(&with(b"uptime_in_seconds:99999999999999999999999")),
             None
         );
-        assert_eq!(id(b"run_id:abc\r\nuptime_in_seconds:5\r\n"), None);
-        assert_eq!(id(b"uptime_in_seconds:5\r\n"), None);
+        // A malformed run_id is no run_id (a server without one, as Dragonfly and
+        // Kvrocks are, is known by its uptime and marker).
+        let no_run = id(b"run_id:abc\r\nuptime_in_seconds:5\r\n").expect("the uptime");
+        assert_eq!(
+            (no_run.run_id, no_run.uptime),
+            (None, Some(Duration::from_secs(5)))
+        );
+        assert_eq!(id(b"uptime_in_seconds:5\r\n").map(|i| i.run_id), Some(None));
+        // Neither: nothing identifies it.
+        assert_eq!(id(b"redis_version:7.0.15\r\n"), None);
+        // Cluster mode, as Redis and Valkey say it.
+        let mode = |m: &[u8]| id(&with(m)).is_some_and(|i| i.cluster);
+        assert!(mode(b"redis_mode:cluster"));
+        assert!(mode(b"server_mode:cluster"));
+        assert!(!mode(b"redis_mode:standalone"));
+        assert!(!mode(b"redis_mode:clusterx"));
+        assert!(!mode(b""));
         // Bare LF line ends are read too.
         let lf = [&run[..], b"\nuptime_in_seconds:7\n"].concat();
-        assert_eq!(id(&lf).map(|i| i.uptime), Some(Duration::from_secs(7)));
+        assert_eq!(uptime(&lf), Some(Duration::from_secs(7)));
+    }
+
+    /// A session with the guard on (a marker to write), its handshake written and
+    /// established at `t`.
+    fn guarded(t: Instant) -> Session {
+        let login = Login {
+            marker: Some([b'm'; 32]),
+            ..Login::default()
+        };
+        let mut s = Session::new(login, t);
+        s.opened(t);
+        s.established(t).unwrap();
+        s
+    }
+
+    fn info(run_id: Option<&str>, uptime: u64) -> Vec<u8> {
+        let mut text = format!("# Server\r\nuptime_in_seconds:{uptime}\r\n");
+        if let Some(r) = run_id {
+            text.push_str(&format!("run_id:{r}\r\n"));
+        }
+        format!("${}\r\n{text}\r\n", text.len()).into_bytes()
+    }
+
+    /// Answers the handshake of `s`: INFO, the marker's SET NX (`created`) and GET
+    /// (`marker`, nil for `None`), PING; read at `at`.
+    fn answer(s: &mut Session, info: &[u8], created: bool, marker: Option<&[u8]>, at: Instant) {
+        feed(s, info);
+        feed(s, if created { b"+OK\r\n" } else { b"$-1\r\n" });
+        match marker {
+            Some(m) => feed(s, format!("${}\r\n", m.len()).as_bytes()),
+            None => feed(s, b"$-1\r\n"),
+        }
+        if let Some(m) = marker {
+            feed(s, m);
+            feed(s, b"\r\n");
+        }
+        feed(s, b"+PONG\r\n");
+        assert_eq!(s.next_answer(&Limits::default(), at), None);
+        assert!(!s.handshaking());
+    }
+
+    const RUN_A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const RUN_B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+    #[test]
+    fn the_guard_writes_then_reads_the_marker_in_the_handshake() {
+        let t = base();
+        let s = guarded(t);
+        let sent = s.unsent().to_vec();
+        let set = b"*4\r\n$3\r\nSET\r\n$17\r\nquorumlock:marker\r\n$32\r\nmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmm\r\n$2\r\nNX\r\n";
+        let get = b"*2\r\n$3\r\nGET\r\n$17\r\nquorumlock:marker\r\n";
+        let info_at = memchr::memmem::find(&sent, b"INFO").expect("INFO");
+        let set_at = memchr::memmem::find(&sent, set).expect("SET NX of the marker");
+        let get_at = memchr::memmem::find(&sent, get).expect("GET of the marker");
+        let ping_at = memchr::memmem::find(&sent, b"PING").expect("PING");
+        assert!(info_at < set_at && set_at < get_at && get_at < ping_at);
+        // Without the guard: no marker written or read.
+        let mut plain = Session::new(Login::default(), t);
+        plain.opened(t);
+        assert!(memchr::memmem::find(plain.unsent(), MARKER_KEY).is_none());
+    }
+
+    #[test]
+    fn a_node_is_new_when_its_marker_is_missing_or_changed_or_its_run_id_changed() {
+        let t = base();
+        let s10 = Duration::from_secs(10);
+        let day = 86_400;
+        // Never seen, marker there, up a day: counts from its uptime.
+        let mut s = guarded(t);
+        answer(&mut s, &info(Some(RUN_A), day), false, Some(b"m1"), t);
+        assert_eq!(s.up_for(t), Some(Duration::from_secs(day)));
+        // Reconnected: the same server, the same marker: still up a day.
+        s.fail(NodeError::Closed, t, Duration::ZERO);
+        s.opened(t + s10);
+        s.established(t + s10).unwrap();
+        answer(
+            &mut s,
+            &info(Some(RUN_A), day + 10),
+            false,
+            Some(b"m1"),
+            t + s10,
+        );
+        assert_eq!(s.up_for(t + s10), Some(Duration::from_secs(day + 10)));
+        // Another server behind the address (a failover), long up, the marker copied
+        // by replication: its run_id differs from the one seen: new from now.
+        let t2 = t + 2 * s10;
+        s.fail(NodeError::Closed, t2, Duration::ZERO);
+        s.opened(t2);
+        s.established(t2).unwrap();
+        answer(&mut s, &info(Some(RUN_B), day), false, Some(b"m1"), t2);
+        assert_eq!(s.up_for(t2), Some(Duration::ZERO));
+        assert_eq!(s.up_for(t2 + s10), Some(s10));
+        // ... and stays new across a reconnect that sees it again as it is now.
+        let t3 = t2 + Duration::from_secs(1);
+        s.fail(NodeError::Closed, t3, Duration::ZERO);
+        s.opened(t3);
+        s.established(t3).unwrap();
+        answer(&mut s, &info(Some(RUN_B), day), false, Some(b"m1"), t3);
+        assert_eq!(s.up_for(t3), Some(Duration::from_secs(1)));
+        // A marker that differs from the one seen: new again.
+        let t4 = t3 + s10;
+        s.fail(NodeError::Closed, t4, Duration::ZERO);
+        s.opened(t4);
+        s.established(t4).unwrap();
+        answer(&mut s, &info(Some(RUN_B), day), false, Some(b"m2"), t4);
+        assert_eq!(s.up_for(t4), Some(Duration::ZERO));
+        // A marker missing (this handshake wrote it): new again, whatever the uptime.
+        let t5 = t4 + s10;
+        s.fail(NodeError::Closed, t5, Duration::ZERO);
+        s.opened(t5);
+        s.established(t5).unwrap();
+        answer(&mut s, &info(Some(RUN_B), day), true, Some(b"mmmm"), t5);
+        assert_eq!(s.up_for(t5), Some(Duration::ZERO));
+        // A node never seen before whose marker is missing is new too.
+        let mut fresh = guarded(t);
+        answer(&mut fresh, &info(Some(RUN_A), day), true, Some(b"mmmm"), t);
+        assert_eq!(fresh.up_for(t), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_server_without_run_id_is_known_by_its_marker() {
+        let t = base();
+        let s10 = Duration::from_secs(10);
+        // No run_id, no uptime (a Dragonfly-like INFO): the marker alone.
+        let no_id = b"$15\r\n# Server\r\nx:1\r\n\r\n";
+        let mut s = guarded(t);
+        answer(&mut s, no_id, false, Some(b"m1"), t);
+        let id = s.identity.expect("known by its marker");
+        assert_eq!((id.run_id, id.uptime), (None, None));
+        assert_eq!(s.up_for(t), Some(Duration::MAX));
+        // Its marker changed: new, for the guard from now.
+        s.fail(NodeError::Closed, t, Duration::ZERO);
+        s.opened(t + s10);
+        s.established(t + s10).unwrap();
+        answer(&mut s, no_id, false, Some(b"m2"), t + s10);
+        assert_eq!(s.up_for(t + 2 * s10), Some(s10));
+        // Neither INFO's run_id and uptime nor a marker (an ACL on both): unidentified.
+        let mut blind = guarded(t);
+        feed(
+            &mut blind,
+            b"-NOPERM info\r\n-NOPERM set\r\n-NOPERM get\r\n+PONG\r\n",
+        );
+        assert_eq!(blind.next_answer(&Limits::default(), t), None);
+        assert!(!blind.handshaking());
+        assert_eq!(blind.up_for(t), None);
+        // An uptime but no readable marker: judged by the uptime alone.
+        let mut no_marker = guarded(t);
+        feed(&mut no_marker, &info(Some(RUN_A), 7));
+        feed(&mut no_marker, b"-NOPERM set\r\n-NOPERM get\r\n+PONG\r\n");
+        assert_eq!(no_marker.next_answer(&Limits::default(), t), None);
+        assert_eq!(no_marker.up_for(t), Some(Duration::from_secs(7)));
+    }
+
+    #[test]
+    fn one_server_is_one_run_id_or_where_there_is_none_one_marker() {
+        let t = base();
+        let mk = |run_id: Option<u8>, marker: Option<u8>| Identity {
+            run_id: run_id.map(|b| [b; 40]),
+            uptime: None,
+            read_at: t,
+            marker: marker.map(|b| [b; MARKER_MAX]),
+            cluster: false,
+        };
+        assert!(mk(Some(b'a'), Some(1)).same_server(&mk(Some(b'a'), Some(2))));
+        // Two servers with one marker (one restored from the other's snapshot) are two.
+        assert!(!mk(Some(b'a'), Some(1)).same_server(&mk(Some(b'b'), Some(1))));
+        // A run_id hidden on one side (a proxy that strips it): the marker decides.
+        assert!(mk(None, Some(1)).same_server(&mk(Some(b'a'), Some(1))));
+        assert!(!mk(None, Some(1)).same_server(&mk(None, Some(2))));
+        assert!(!mk(None, None).same_server(&mk(None, None)));
     }
 
     #[test]

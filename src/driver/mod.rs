@@ -75,17 +75,21 @@ struct Waits {
 }
 
 impl Driver {
-    pub fn new(settings: &Settings) -> io::Result<Driver> {
+    /// A driver for `settings`' nodes; `markers[i]` is node `i`'s marker (restart guard
+    /// on: `session::Login::marker`).
+    pub fn new(settings: &Settings, markers: Vec<Option<[u8; 32]>>) -> io::Result<Driver> {
         let now = Instant::now();
         let poll = Poll::new()?;
         let net = Net::new(poll.registry().try_clone()?, settings);
         let logins = settings
             .nodes
             .iter()
-            .map(|e| Login {
+            .zip(markers)
+            .map(|(e, marker)| Login {
                 user: e.user.clone(),
                 password: e.password.clone(),
                 db: e.db,
+                marker,
             })
             .collect();
         let timing = Timing {
@@ -344,6 +348,14 @@ impl Driver {
     pub fn release_lost(&mut self, items: &[Item<'_>], lost: &[usize]) {
         self.engine.release_lost(&mut self.net, items, lost);
         self.forward();
+    }
+
+    /// Whether a node, as last identified, runs in cluster mode.
+    pub fn cluster_mode(&self) -> bool {
+        self.engine
+            .sessions()
+            .iter()
+            .any(|s| s.identity.is_some_and(|id| id.cluster))
     }
 
     /// The nodes the last round's command was handed to.

@@ -29,13 +29,12 @@
 //!   the scratch buffers of a round are kept between rounds.
 
 use super::call::{Call, Done, Op};
-use super::lease::LeaseShared;
+use super::lease::{LeaseShared, Renewal, renew_at, renewal};
 use super::notices::Notices;
 use super::{Inner, Queue, loop_gone};
 use crate::config::Settings;
 use crate::core::engine::{Item, Request};
-use crate::core::quorum::{extended_until, safe_span};
-use crate::core::round::Decision;
+use crate::core::quorum::safe_span;
 use crate::driver::{Alarm, WAKER};
 use crate::error::{Error, OsError, Phase};
 use crate::lock::Lock;
@@ -1039,7 +1038,7 @@ impl EventLoop {
             .and_then(|h| lock.started().checked_add(h));
         let entry = LeaseEntry {
             shared: Arc::clone(&shared),
-            next: lock.started() + ttl / 3,
+            next: renew_at(lock.started(), ttl),
             lock,
             ttl,
             hold_until,
@@ -1143,34 +1142,38 @@ impl EventLoop {
             let decision = rl.round.decision(slot);
             // Succeeded or not, the extend may apply on these nodes: the release follows.
             e.lock.add_written(written);
-            match extended_until(
+            let current = e.lock.deadline();
+            match renewal(
                 decision,
                 decided,
                 start,
+                now,
                 ttl,
                 drift_factor,
-                e.lock.deadline(),
+                current,
+                pause,
             ) {
-                Ok(end) => {
-                    e.lock.renew(ttl, start, end);
-                    e.shared.set_deadline(end);
-                    e.next = start + ttl / 3;
+                Renewal::Renewed { deadline, next } => {
+                    e.lock.renew(ttl, start, deadline);
+                    e.shared.set_deadline(deadline);
+                    e.next = next;
                 }
-                Err(keep) => {
-                    e.lock.shorten(keep);
+                Renewal::Lost { deadline } => {
+                    // A majority says the key is gone or someone else's (or agreed too
+                    // late): lost for good, never re-taken. What remains of it on a
+                    // minority is deleted.
+                    e.lock.shorten(deadline);
                     e.shared.set_deadline(e.lock.deadline());
-                    if matches!(decision, Decision::Won | Decision::Taken) {
-                        // A majority says the key is gone or someone else's (or agreed
-                        // too late): lost for good, never re-taken. What remains of it on a
-                        // minority is deleted.
-                        e.lost = true;
-                        e.shared.mark_lost();
-                        self.orphans.push(e.lock.duplicate());
-                    } else {
-                        // Too few nodes answered: tried again while validity remains; the
-                        // deadline declares it lost otherwise.
-                        e.next = now + pause;
-                    }
+                    e.lost = true;
+                    e.shared.mark_lost();
+                    self.orphans.push(e.lock.duplicate());
+                }
+                Renewal::Retry { deadline, next } => {
+                    // Too few nodes answered: tried again while validity remains; the
+                    // deadline declares it lost otherwise.
+                    e.lock.shorten(deadline);
+                    e.shared.set_deadline(e.lock.deadline());
+                    e.next = next;
                 }
             }
         }

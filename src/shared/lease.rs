@@ -14,6 +14,8 @@
 //!
 //! [`Redlock::extend`]: crate::Redlock::extend
 
+use crate::core::quorum::extended_until;
+use crate::core::round::Decision;
 use crate::core::token::Token;
 use crate::error::Error;
 use crate::shared::SharedRedlock;
@@ -22,6 +24,79 @@ use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+
+/// When a lease's term that began at `start` (its acquire's or last renewal's start) is
+/// renewed: a third of its ttl on.
+pub fn renew_at(start: Instant, ttl: Duration) -> Instant {
+    start + ttl / 3
+}
+
+/// What one renewal round of a lease decides ([`renewal`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// Extended: the lease's new deadline, and when to renew it next.
+    Renewed {
+        /// `start + ttl − drift` of the renewal round.
+        deadline: Instant,
+        /// [`renew_at`] of the round's start.
+        next: Instant,
+    },
+    /// Too few nodes answered: the deadline it keeps (never later than before), and when
+    /// to try again while validity remains.
+    Retry {
+        /// The deadline kept.
+        deadline: Instant,
+        /// The next try.
+        next: Instant,
+    },
+    /// A majority said the key is gone or someone else's, or agreed too late: lost for
+    /// good, with the deadline it keeps.
+    Lost {
+        /// The deadline kept.
+        deadline: Instant,
+    },
+}
+
+/// The verdict of a lease's renewal round begun at `start` with the lease's `ttl` and
+/// decided (`decision`) at `decided`, read at `now`, for a lease valid until `current`:
+/// [`Redlock::extend`]'s verdict (`quorum::extended_until`), and when to renew next
+/// (`pause` after `now` when too few nodes answered). The shared client's loop and the
+/// random simulation (`tests/sim/world.rs`) both take a renewal's outcome from here.
+///
+/// [`Redlock::extend`]: crate::Redlock::extend
+#[allow(clippy::too_many_arguments)]
+pub fn renewal(
+    decision: Decision,
+    decided: Instant,
+    start: Instant,
+    now: Instant,
+    ttl: Duration,
+    drift_factor: f64,
+    current: Instant,
+    pause: Duration,
+) -> Renewal {
+    match extended_until(decision, decided, start, ttl, drift_factor, current) {
+        Ok(end) => Renewal::Renewed {
+            deadline: if crate::core::fault!(LeaseFromDecision) {
+                end + decided.saturating_duration_since(start)
+            } else {
+                end
+            },
+            next: renew_at(start, ttl),
+        },
+        Err(keep) => {
+            let deadline = current.min(keep);
+            if matches!(decision, Decision::Won | Decision::Taken) {
+                Renewal::Lost { deadline }
+            } else {
+                Renewal::Retry {
+                    deadline,
+                    next: now + pause,
+                }
+            }
+        }
+    }
+}
 
 /// What a lease's holder and the loop share.
 #[derive(Debug)]
@@ -278,5 +353,96 @@ impl Drop for Lost<'_> {
         if let Some(id) = self.id {
             self.lease.shared.state().wakers.retain(|(i, _)| *i != id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::quorum::deadline;
+
+    const TTL: Duration = Duration::from_millis(300);
+    const PAUSE: Duration = Duration::from_millis(30);
+
+    fn at(base: Instant, ms: u64) -> Instant {
+        base + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn a_lease_is_renewed_a_third_of_its_ttl_after_its_term_began() {
+        let base = Instant::now();
+        assert_eq!(renew_at(at(base, 7), TTL), at(base, 107));
+    }
+
+    /// A renewal won in time: the deadline of its start (not of its decision), the next
+    /// renewal a third of the ttl after that start.
+    #[test]
+    fn a_renewal_won_in_time_dates_its_deadline_from_its_start() {
+        let base = Instant::now();
+        let (start, decided, current) = (at(base, 100), at(base, 104), at(base, 200));
+        let got = renewal(
+            Decision::Won,
+            decided,
+            start,
+            decided,
+            TTL,
+            0.01,
+            current,
+            PAUSE,
+        );
+        assert_eq!(
+            got,
+            Renewal::Renewed {
+                deadline: deadline(start, TTL, 0.01).unwrap(),
+                next: at(base, 200),
+            }
+        );
+    }
+
+    /// Won after the current deadline, or refused by a majority: lost, the deadline never
+    /// later than before. Too few answers: tried again after the pause, same bound.
+    #[test]
+    fn a_renewal_late_or_refused_is_lost_and_one_unanswered_is_retried() {
+        let base = Instant::now();
+        let (start, current) = (at(base, 100), at(base, 103));
+        let late = renewal(
+            Decision::Won,
+            at(base, 104),
+            start,
+            at(base, 104),
+            TTL,
+            0.01,
+            current,
+            PAUSE,
+        );
+        assert_eq!(late, Renewal::Lost { deadline: current });
+        let taken = renewal(
+            Decision::Taken,
+            at(base, 101),
+            start,
+            at(base, 101),
+            TTL,
+            0.01,
+            current,
+            PAUSE,
+        );
+        assert_eq!(taken, Renewal::Lost { deadline: current });
+        let unanswered = renewal(
+            Decision::Unavailable,
+            at(base, 102),
+            start,
+            at(base, 102),
+            TTL,
+            0.01,
+            current,
+            PAUSE,
+        );
+        assert_eq!(
+            unanswered,
+            Renewal::Retry {
+                deadline: current,
+                next: at(base, 132),
+            }
+        );
     }
 }

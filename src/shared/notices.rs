@@ -57,10 +57,12 @@ impl Notices {
             .nodes
             .iter()
             .map(|e| {
+                // A subscriber's votes never count: it needs no marker.
                 let login = Login {
                     user: e.user.clone(),
                     password: e.password.clone(),
                     db: e.db,
+                    marker: None,
                 };
                 Subscriber::new(&login, settings.limits)
             })

@@ -61,17 +61,69 @@ fn find_executable(name: &str) -> Option<PathBuf> {
     })
 }
 
-/// Path of the `redis-server` binary (PATH, then /usr/bin, /usr/local/bin).
+/// The environment variable that names the server binary the tests start instead of
+/// Debian's `redis-server` (a path, e.g. `.servers/valkey-9.1/valkey-server`): the
+/// compatibility matrix (`scripts/compat.sh`, README "Compatibility").
+pub const SERVER_VAR: &str = "QUORUMLOCK_TEST_SERVER";
+
+/// Path of the server binary: `$QUORUMLOCK_TEST_SERVER` when set, else `redis-server`
+/// (PATH, then /usr/bin, /usr/local/bin).
 pub fn redis_server_path() -> PathBuf {
     static PATH: OnceLock<Option<PathBuf>> = OnceLock::new();
-    PATH.get_or_init(|| find_executable("redis-server"))
-        .clone()
-        .unwrap_or_else(|| {
-            panic!(
-                "redis-server not found: run `apt-get install -y redis-server` \
-                 or the README test command"
-            )
-        })
+    PATH.get_or_init(|| match std::env::var_os(SERVER_VAR) {
+        Some(p) if !p.is_empty() => {
+            let p = PathBuf::from(p);
+            assert!(
+                p.is_file(),
+                "{SERVER_VAR}={}: no such file (scripts/ensure-servers.sh installs the \
+                 matrix's servers)",
+                p.display()
+            );
+            Some(p)
+        }
+        _ => find_executable("redis-server"),
+    })
+    .clone()
+    .unwrap_or_else(|| {
+        panic!(
+            "redis-server not found: run `apt-get install -y redis-server` \
+             or the README test command"
+        )
+    })
+}
+
+/// The server binary's `--version` line, e.g. `Redis server v=7.0.15 sha=...` or
+/// `Valkey server v=9.1.2 ...` (read once).
+pub fn server_version_line() -> &'static str {
+    static LINE: OnceLock<String> = OnceLock::new();
+    LINE.get_or_init(|| {
+        let out = Command::new(redis_server_path())
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("{} --version: {e}", redis_server_path().display()));
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines().next().unwrap_or("").trim().to_string()
+    })
+}
+
+/// The server's `(major, minor)` version, from [`server_version_line`].
+pub fn server_version() -> (u32, u32) {
+    let line = server_version_line();
+    let v = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("v="))
+        .unwrap_or_else(|| panic!("no version in `{line}`"));
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor),
+        _ => panic!("no version in `{line}`"),
+    }
+}
+
+/// The server is Valkey (its `--version` line says so), not Redis.
+pub fn server_is_valkey() -> bool {
+    server_version_line().starts_with("Valkey")
 }
 
 /// Send a signal (by name, e.g. "STOP") to a process this harness started.
@@ -544,8 +596,12 @@ fn launch(dir: &Path, endpoint: &Endpoint, opts: &NodeOptions) -> Result<Child, 
         .arg(dir)
         .arg("--logfile")
         .arg(&log)
-        .args(["--enable-debug-command", "yes"])
         .args(["--protected-mode", "no"]);
+    // Redis 7 turned `DEBUG` off by default and added this switch; Redis 6 has `DEBUG` on
+    // and refuses the unknown directive. (Valkey counts from 7.2 on.)
+    if server_version().0 >= 7 {
+        cmd.args(["--enable-debug-command", "yes"]);
+    }
     if let Endpoint::Unix(p) = endpoint {
         cmd.arg("--unixsocket")
             .arg(p)

@@ -64,7 +64,11 @@ impl Conn {
 }
 
 struct Shared {
-    target: SocketAddr,
+    /// Where new connections go ([`Proxy::cut_over`] moves it).
+    target: Mutex<SocketAddr>,
+    /// Replies pass with every `run_id:` renamed (`run_xx:`, same length): a server
+    /// without one, as Dragonfly and Kvrocks are.
+    hide_run_id: AtomicBool,
     mode: Mutex<Mode>,
     stop: AtomicBool,
     accepted: AtomicUsize,
@@ -103,7 +107,7 @@ impl std::fmt::Debug for Proxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Proxy")
             .field("addr", &self.addr)
-            .field("target", &self.shared.target)
+            .field("target", &*lock(&self.shared.target))
             .field("mode", &self.shared.mode())
             .finish()
     }
@@ -116,7 +120,8 @@ impl Proxy {
         listener.set_nonblocking(true).expect("proxy nonblocking");
         let addr = listener.local_addr().expect("proxy local_addr");
         let shared = Arc::new(Shared {
-            target,
+            target: Mutex::new(target),
+            hide_run_id: AtomicBool::new(false),
             mode: Mutex::new(Mode::Pass),
             stop: AtomicBool::new(false),
             accepted: AtomicUsize::new(0),
@@ -140,7 +145,22 @@ impl Proxy {
     }
 
     pub fn target(&self) -> SocketAddr {
-        self.shared.target
+        *lock(&self.shared.target)
+    }
+
+    /// A failover behind this address: new connections go to `target`, and every
+    /// current one is closed (the old server is gone for its clients).
+    pub fn cut_over(&self, target: SocketAddr) {
+        *lock(&self.shared.target) = target;
+        for c in lock(&self.shared.conns).iter() {
+            c.close();
+        }
+    }
+
+    /// From now on, replies reach clients with `run_id:` renamed, so `INFO server` has
+    /// none (a Dragonfly-like server).
+    pub fn hide_run_id(&self) {
+        self.shared.hide_run_id.store(true, Ordering::SeqCst);
     }
 
     /// `redis://127.0.0.1:PORT`
@@ -231,7 +251,8 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 }
 
 fn handle_conn(conn: Arc<Conn>, shared: Arc<Shared>) {
-    let upstream = match TcpStream::connect_timeout(&shared.target, UPSTREAM_CONNECT_TIMEOUT) {
+    let target = *lock(&shared.target);
+    let upstream = match TcpStream::connect_timeout(&target, UPSTREAM_CONNECT_TIMEOUT) {
         Ok(u) => u,
         Err(_) => {
             // Target unreachable: a blackhole still swallows the client's
@@ -271,8 +292,8 @@ fn handle_conn(conn: Arc<Conn>, shared: Arc<Shared>) {
         return;
     }
     let (c2, s2) = (conn.clone(), shared.clone());
-    shared.spawn("proxy-down", move || pump(up_r, client_w, &c2, &s2));
-    pump(client_r, up_w, &conn, &shared);
+    shared.spawn("proxy-down", move || pump(up_r, client_w, &c2, &s2, true));
+    pump(client_r, up_w, &conn, &shared, false);
 }
 
 fn is_timeout(e: &io::Error) -> bool {
@@ -282,10 +303,33 @@ fn is_timeout(e: &io::Error) -> bool {
     )
 }
 
-/// Copy `src` → `dst` applying the current mode, until EOF/error/stop.
-fn pump(mut src: TcpStream, mut dst: TcpStream, conn: &Conn, shared: &Shared) {
+/// `run_id:` renamed in `data` (after `carry`, what an earlier chunk held back); returns
+/// what may go on now, and keeps in `carry` a tail that may be the start of one.
+fn rename_run_id(carry: &mut Vec<u8>, data: &[u8]) -> Vec<u8> {
+    const FROM: &[u8] = b"run_id:";
+    let mut out = std::mem::take(carry);
+    out.extend_from_slice(data);
+    let mut i = 0;
+    while let Some(at) = out[i..].windows(FROM.len()).position(|w| w == FROM) {
+        out[i + at..i + at + FROM.len()].copy_from_slice(b"run_xx:");
+        i += at + FROM.len();
+    }
+    // A tail that could begin `run_id:` waits for the next chunk (replies end in
+    // `\r\n`, which never does, so nothing waits for ever).
+    let keep = (1..FROM.len())
+        .rev()
+        .find(|&k| out.len() >= k && out.ends_with(&FROM[..k]))
+        .unwrap_or(0);
+    *carry = out.split_off(out.len() - keep);
+    out
+}
+
+/// Copy `src` → `dst` applying the current mode, until EOF/error/stop; `down`: the
+/// server's replies to the client.
+fn pump(mut src: TcpStream, mut dst: TcpStream, conn: &Conn, shared: &Shared, down: bool) {
     let _ = dst.set_write_timeout(Some(Duration::from_secs(2)));
     let mut buf = vec![0u8; 16 * 1024];
+    let mut carry = Vec::new();
     let mut queue: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
     let mut eof = false;
     loop {
@@ -347,7 +391,12 @@ fn pump(mut src: TcpStream, mut dst: TcpStream, conn: &Conn, shared: &Shared) {
             Ok(0) => eof = true,
             Ok(n) => {
                 if shared.mode() != Mode::Blackhole {
-                    queue.push_back((Instant::now(), buf[..n].to_vec()));
+                    let data = if down && shared.hide_run_id.load(Ordering::SeqCst) {
+                        rename_run_id(&mut carry, &buf[..n])
+                    } else {
+                        buf[..n].to_vec()
+                    };
+                    queue.push_back((Instant::now(), data));
                 }
             }
             Err(e) if is_timeout(&e) => {}

@@ -39,7 +39,8 @@
 //!   (`Config::begin_from`).
 //!
 //! Not modelled (the random simulation `tests/sim.rs` covers them): partial writes and
-//! split reads, refused connects and servers that stay down, extends, batches.
+//! split reads, refused connects and servers that stay down, extends, lease renewals,
+//! `lock_all` (batches: neither; they are tested against redis-server).
 //!
 //! # Properties
 //!
@@ -398,7 +399,7 @@ impl Transport for Net {
                     if contains(bytes, token) {
                         if delete {
                             self.undeleted.remove(&(node, conn, token.clone()));
-                        } else {
+                        } else if is_set(bytes) {
                             self.undeleted.insert((node, conn, token.clone()));
                         }
                     }
@@ -1337,7 +1338,7 @@ impl World {
             let net = &self.clients[o.client].net;
             let log = &net.log[o.endpoint];
             for (i, (conn, b)) in log.iter().enumerate() {
-                if !contains(b, &o.token) || is_delete(b) {
+                if !contains(b, &o.token) || is_delete(b) || !is_set(b) {
                     continue;
                 }
                 let followed = log[i + 1..]
@@ -1808,6 +1809,13 @@ impl crate::explore::Model for World {
 fn is_delete(b: &[u8]) -> bool {
     use quorumlock::__private::core::script::{RELEASE, RELEASE_FENCED};
     contains(b, RELEASE) || contains(b, RELEASE_FENCED)
+}
+
+/// A message that can set a lock key: a plain `SET` or the acquire script. (A fence
+/// write-back carries the token too, only to compare it: it sets no key.)
+fn is_set(b: &[u8]) -> bool {
+    use quorumlock::__private::core::script::ACQUIRE;
+    contains(b, b"$3\r\nSET\r\n") || contains(b, ACQUIRE)
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {

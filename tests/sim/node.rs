@@ -1401,14 +1401,18 @@ impl SimNode {
         Ok(Lua::Number(m))
     }
 
-    /// `FENCE`, raising each counter in `KEYS` to `ARGV[1]`:
+    /// `FENCE`, with `n = #KEYS/2` lock keys then their fence counters:
     ///
     /// ```lua
-    /// local f=tonumber(ARGV[1])
-    /// for i=1,#KEYS do local c=tonumber(redis.call("get",KEYS[i]))
-    ///   if not c or c<f then redis.call("set",KEYS[i],ARGV[1]) end end
+    /// local n=#KEYS/2 local f=tonumber(ARGV[2])
+    /// for i=1,n do local c=tonumber(redis.call("get",KEYS[n+i]))
+    ///   if not c or c<f then redis.call("set",KEYS[n+i],ARGV[2]) end end
+    /// for i=1,n do if redis.call("get",KEYS[i])~=ARGV[1] then return 0 end end
     /// return 1
     /// ```
+    ///
+    /// `n` is a double, as in `RELEASE_FENCED`: for an odd `#KEYS`, `KEYS[n+1]` has a half
+    /// and is nil, so the first `get` raises before any write.
     fn fence(
         &mut self,
         db: usize,
@@ -1416,25 +1420,47 @@ impl SimNode {
         args: &[&[u8]],
         now_ms: i64,
     ) -> Result<Lua, Raised> {
-        let raw = args.first().copied();
-        let f = raw.and_then(lua_tonumber);
-        for &key in keys {
-            let c = self
-                .call_get(db, Some(key), now_ms)?
-                .and_then(|v| lua_tonumber(&v));
-            let lower = match (c, f) {
-                // `not c` short-circuits: a missing or non-numeric counter is written
-                // without comparing, whatever `ARGV[1]` is.
-                (None, _) => true,
-                (Some(c), Some(f)) => c < f,
-                (Some(_), None) => return Err(lua_error("attempt to compare number with nil")),
-            };
-            if lower {
-                // The text as given, not the number: `0x10` is stored as `0x10`.
-                self.call_set(db, &[Some(key), raw], now_ms)?;
+        let n = keys.len() as f64 / 2.0;
+        let (token, raw) = (args.first().copied(), args.get(1).copied());
+        for i in lua_for(1.0, n) {
+            self.raise_counter(db, lua_index(keys, n + i), raw, now_ms)?;
+        }
+        for i in lua_for(1.0, n) {
+            if !lua_same(
+                self.call_get(db, lua_index(keys, i), now_ms)?.as_deref(),
+                token,
+            ) {
+                return Ok(Lua::Number(0.0));
             }
         }
         Ok(Lua::Number(1.0))
+    }
+
+    /// `local c=tonumber(redis.call("get",counter)) if not c or c<f then
+    /// redis.call("set",counter,raw) end`, with `f=tonumber(raw)`: the raise both
+    /// `FENCE` and `RELEASE_FENCED` make.
+    fn raise_counter(
+        &mut self,
+        db: usize,
+        counter: Option<&[u8]>,
+        raw: Option<&[u8]>,
+        now_ms: i64,
+    ) -> Result<(), Raised> {
+        let c = self
+            .call_get(db, counter, now_ms)?
+            .and_then(|v| lua_tonumber(&v));
+        let lower = match (c, raw.and_then(lua_tonumber)) {
+            // `not c` short-circuits: a missing or non-numeric counter is written
+            // without comparing, whatever the fence is.
+            (None, _) => true,
+            (Some(c), Some(f)) => c < f,
+            (Some(_), None) => return Err(lua_error("attempt to compare number with nil")),
+        };
+        if lower {
+            // The text as given, not the number: `0x10` is stored as `0x10`.
+            self.call_set(db, &[counter, raw], now_ms)?;
+        }
+        Ok(())
     }
 
     /// `RELEASE_FENCED`, with `n = #KEYS/2` lock keys then their fence counters:
@@ -1461,26 +1487,13 @@ impl SimNode {
     ) -> Result<Lua, Raised> {
         let n = keys.len() as f64 / 2.0;
         let (token, raw) = (args.first().copied(), args.get(1).copied());
-        let f = raw.and_then(lua_tonumber);
         let mut d = 0.0;
         for i in lua_for(1.0, n) {
             let key = lua_index(keys, i);
             if !lua_same(self.call_get(db, key, now_ms)?.as_deref(), token) {
                 continue;
             }
-            let counter = lua_index(keys, n + i);
-            let c = self
-                .call_get(db, counter, now_ms)?
-                .and_then(|v| lua_tonumber(&v));
-            let lower = match (c, f) {
-                // `not c` short-circuits, as in `FENCE`.
-                (None, _) => true,
-                (Some(c), Some(f)) => c < f,
-                (Some(_), None) => return Err(lua_error("attempt to compare number with nil")),
-            };
-            if lower {
-                self.call_set(db, &[counter, raw], now_ms)?;
-            }
+            self.raise_counter(db, lua_index(keys, n + i), raw, now_ms)?;
             self.call_del(db, key, now_ms)?;
             self.call_publish(key)?;
             d += 1.0;
@@ -2722,7 +2735,7 @@ mod tests {
             vec![b"PING"],
             vec![b"EVAL", ACQUIRE, b"2", b"k", b"f", b"t1", b"5", b"1"],
             vec![b"EVALSHA", ACQUIRE_SHA, b"1", b"k", b"t2", b"50", b"x"],
-            vec![b"EVAL", FENCE, b"1", b"f", b"9"],
+            vec![b"EVAL", FENCE, b"2", b"k", b"f", b"t1", b"9"],
             vec![b"EVAL", RELEASE_ALL, b"2", b"k", b"f", b"t1"],
             vec![b"EVAL", EXTEND_ALL, b"1", b"k", b"t2", b"-1"],
             vec![b"EVAL", RELEASE_FENCED, b"2", b"k", b"f", b"t1", b"7"],
@@ -2970,8 +2983,10 @@ mod tests {
             None,
             "reading a counter does not create it"
         );
-        assert_eq!(eval_all(&mut n, c, FENCE, &[b"fx"], &[b"7"], 0), b":1\r\n");
-        assert_eq!(eval_all(&mut n, c, FENCE, &[b"fx"], &[b"5"], 0), b":1\r\n");
+        let fence =
+            |n: &mut SimNode, f: &[u8]| eval_all(n, c, FENCE, &[b"x", b"fx"], &[b"tok", f], 0);
+        assert_eq!(fence(&mut n, b"7"), b":1\r\n");
+        assert_eq!(fence(&mut n, b"5"), b":1\r\n");
         assert_eq!(run(&mut n, c, &[b"GET", b"fx"], 0), b"$1\r\n7\r\n");
         let keys: [&[u8]; 4] = [b"y", b"z", b"fx", b"fz"];
         assert_eq!(eval_all(&mut n, c, ACQUIRE, &keys, &two, 0), b":7\r\n");
@@ -3011,43 +3026,109 @@ mod tests {
     fn fence_only_raises() {
         let mut n = SimNode::new(21);
         let c = n.accept();
-        let fence =
-            |n: &mut SimNode, keys: &[&[u8]], f: &[u8]| eval_all(n, c, FENCE, keys, &[f], 0);
+        // Lock keys `k1`, `k2` hold the token; each counter below is paired with `k1`.
+        run(&mut n, c, &[b"SET", b"k1", b"tok", b"PX", b"10000"], 0);
+        run(&mut n, c, &[b"SET", b"k2", b"tok", b"PX", b"10000"], 0);
+        let fence = |n: &mut SimNode, locks: &[&[u8]], counters: &[&[u8]], f: &[u8]| {
+            let keys = [locks, counters].concat();
+            eval_all(n, c, FENCE, &keys, &[b"tok", f], 0)
+        };
         // A lower counter is raised and a missing one created, neither with an expiry.
         run(&mut n, c, &[b"SET", b"c1", b"3", b"PX", b"10000"], 0);
-        assert_eq!(fence(&mut n, &[b"c1", b"c2"], b"5"), b":1\r\n");
+        assert_eq!(
+            fence(&mut n, &[b"k1", b"k2"], &[b"c1", b"c2"], b"5"),
+            b":1\r\n"
+        );
         for key in [b"c1", b"c2"] {
             assert_eq!(n.value(0, key, 0), Some(&b"5"[..]));
             assert_eq!(pttl(&mut n, c, key, 0), b":-1\r\n");
         }
         // Never lowered, nor rewritten when equal.
-        assert_eq!(fence(&mut n, &[b"c1"], b"4"), b":1\r\n");
+        assert_eq!(fence(&mut n, &[b"k1"], &[b"c1"], b"4"), b":1\r\n");
         assert_eq!(n.value(0, b"c1", 0), Some(&b"5"[..]));
         // The text is stored as given, and compared as a number.
-        assert_eq!(fence(&mut n, &[b"c1"], b"0x10"), b":1\r\n");
-        assert_eq!(fence(&mut n, &[b"c1"], b"16"), b":1\r\n");
+        assert_eq!(fence(&mut n, &[b"k1"], &[b"c1"], b"0x10"), b":1\r\n");
+        assert_eq!(fence(&mut n, &[b"k1"], &[b"c1"], b"16"), b":1\r\n");
         assert_eq!(n.value(0, b"c1", 0), Some(&b"0x10"[..]));
-        assert_eq!(fence(&mut n, &[b"c1"], b"16.5"), b":1\r\n");
+        assert_eq!(fence(&mut n, &[b"k1"], &[b"c1"], b"16.5"), b":1\r\n");
         assert_eq!(n.value(0, b"c1", 0), Some(&b"16.5"[..]));
         // A counter that is not a number is overwritten.
         run(&mut n, c, &[b"SET", b"c3", b"junk"], 0);
-        assert_eq!(fence(&mut n, &[b"c3"], b"2"), b":1\r\n");
+        assert_eq!(fence(&mut n, &[b"k1"], &[b"c3"], b"2"), b":1\r\n");
         assert_eq!(n.value(0, b"c3", 0), Some(&b"2"[..]));
-        assert_eq!(fence(&mut n, &[], b"2"), b":1\r\n");
+        assert_eq!(fence(&mut n, &[], &[], b"2"), b":1\r\n");
         // A fence that is not a number: Lua compares a number with nil and raises, after
         // the writes to missing counters before it (they need no comparison).
         let compare = raised(
             "ERR user_script:1: attempt to compare number with nil",
             FENCE_SHA,
         );
-        assert_eq!(text(&fence(&mut n, &[b"c4", b"c1"], b"abc")), compare);
+        let reply = fence(&mut n, &[b"k1", b"k2"], &[b"c4", b"c1"], b"abc");
+        assert_eq!(text(&reply), compare);
         assert_eq!(n.value(0, b"c4", 0), Some(&b"abc"[..]));
         assert_eq!(n.value(0, b"c1", 0), Some(&b"16.5"[..]));
-        // No ARGV[1]: the same on a numeric counter; SET of nil on a missing one.
-        assert_eq!(text(&eval_all(&mut n, c, FENCE, &[b"c1"], &[], 0)), compare);
-        let reply = eval_all(&mut n, c, FENCE, &[b"c5"], &[], 0);
+        // No ARGV[2]: the same on a numeric counter; SET of nil on a missing one.
+        let reply = eval_all(&mut n, c, FENCE, &[b"k1", b"c1"], &[b"tok"], 0);
+        assert_eq!(text(&reply), compare);
+        let reply = eval_all(&mut n, c, FENCE, &[b"k1", b"c5"], &[b"tok"], 0);
         assert_eq!(text(&reply), raised(ARGS_NIL, FENCE_SHA));
         assert_eq!(n.value(0, b"c5", 0), None);
+    }
+
+    #[test]
+    fn fence_confirms_only_where_every_lock_key_is_ours() {
+        let mut n = SimNode::new(26);
+        let c = n.accept();
+        run(&mut n, c, &[b"SET", b"k1", b"tok", b"PX", b"10000"], 0);
+        run(&mut n, c, &[b"SET", b"k2", b"other", b"PX", b"10000"], 0);
+        /// KEYS, ARGV, and the counter `c1` after the call.
+        type Case<'a> = (&'a [&'a [u8]], &'a [&'a [u8]], &'a [u8]);
+        let cases: [Case<'_>; 4] = [
+            // Another token holds the key.
+            (&[b"k2", b"c1"], &[b"tok", b"3"], b"3"),
+            // The key is gone (expired, released, never set).
+            (&[b"k3", b"c1"], &[b"tok", b"4"], b"4"),
+            // One of two keys is ours: not confirmed.
+            (&[b"k1", b"k2", b"c1", b"c2"], &[b"tok", b"5"], b"5"),
+            // Another token than the one asked for, on a missing key.
+            (&[b"k3", b"c1"], &[b"tok2", b"6"], b"6"),
+        ];
+        for (keys, args, raised_to) in cases {
+            assert_eq!(eval_all(&mut n, c, FENCE, keys, args, 0), b":0\r\n");
+            // The counter is raised all the same: more copies outlive a restart.
+            assert_eq!(n.value(0, b"c1", 0), Some(raised_to), "{keys:?}");
+        }
+        assert_eq!(n.value(0, b"c2", 0), Some(&b"5"[..]));
+        let reply = eval_all(&mut n, c, FENCE, &[b"k1", b"c7"], &[], 0);
+        assert_eq!(
+            text(&reply),
+            raised(ARGS_NIL, FENCE_SHA),
+            "SET of a nil fence"
+        );
+        // The key expired on this node's clock (`PX 5` at 0 ms is gone from 6 ms on).
+        run(&mut n, c, &[b"SET", b"k4", b"tok", b"PX", b"5"], 0);
+        let keys: [&[u8]; 2] = [b"k4", b"c1"];
+        assert_eq!(
+            eval_all(&mut n, c, FENCE, &keys, &[b"tok", b"9"], 5 * MS),
+            b":1\r\n"
+        );
+        assert_eq!(
+            eval_all(&mut n, c, FENCE, &keys, &[b"tok", b"10"], 6 * MS),
+            b":0\r\n"
+        );
+        assert_eq!(n.value(0, b"c1", 6 * MS), Some(&b"10"[..]));
+        // An odd number of keys: the first counter, `KEYS[n+1]` (n = 1.5), is nil and
+        // `get` raises before any write.
+        let reply = eval_all(
+            &mut n,
+            c,
+            FENCE,
+            &[b"k1", b"c1", b"c2"],
+            &[b"tok", b"99"],
+            0,
+        );
+        assert_eq!(text(&reply), raised(ARGS_NIL, FENCE_SHA));
+        assert_eq!(n.value(0, b"c1", 0), Some(&b"10"[..]));
     }
 
     #[test]
@@ -3480,7 +3561,7 @@ mod tests {
                 &[b"tok", b"100", b"1"],
                 b"$-1\r\n",
             ),
-            (FENCE, FENCE_SHA, &[b"f"], &[b"3"], b":1\r\n"),
+            (FENCE, FENCE_SHA, &[b"e", b"fe"], &[b"tok", b"3"], b":1\r\n"),
             (RELEASE_ALL, RELEASE_ALL_SHA, &[b"r"], &[b"tok"], b":0\r\n"),
             (
                 EXTEND_ALL,

@@ -34,6 +34,22 @@
 //!   clients take fenced locks, as `Redlock` does with fencing on: the acquire reads the
 //!   counters, the fence (largest counted counter + 1) is written back, and the lock is
 //!   used only if a majority confirmed it in time (else it is released).
+//! - `lock_all`: with two resources, a quarter of the locks are a `lock_all` of both, as
+//!   `Redlock::lock_all` makes it: one atomic `script::ACQUIRE` over both keys per node
+//!   (fenced too: the counters of both read, one fence written back over both), its
+//!   extend one `EXTEND_ALL`, its unlock one `RELEASE_ALL` (fenced: `RELEASE_FENCED`
+//!   over both), a lost attempt's deletes one per key. It contends with single locks of
+//!   either resource and holds a validity window on each.
+//! - Leases: a third of the single locks are leases, kept as the shared client's loop
+//!   keeps them (its event loop does real I/O, so its arithmetic is taken from the pure
+//!   `lease::renewal` it calls): renewed (an extend round) a third of the ttl after each
+//!   term's start, 1 to 4 times; a renewal too few nodes answered is retried after a
+//!   pause while validity remains; the lease is lost when a renewal is refused or won too
+//!   late, or at its deadline (2 ms before it, as the loop reports); then released.
+//! - Unlocks with deletes in flight: an unlock returns at a majority, its other deletes
+//!   still in flight, and the client's next acquire follows within 3 ms; a node that lags
+//!   (frozen, slow) when the unlock begins gets its delete queued behind its stale SET or
+//!   extend, not waited for. Both are counted, with floors.
 //!
 //! # Invariants, checked as the world runs (a violation panics with the seed)
 //!
@@ -41,13 +57,21 @@
 //!   a node that really held that key with that token at some point (so no reply of
 //!   another round, slot or client was counted).
 //! - A lock's deadline is `start + ttl − drift` on the client's clock, and it was
-//!   decided before it.
+//!   decided before it. An extend or a lease renewal gives a new deadline only when a
+//!   quorum confirmed it in time: won before the lock's current deadline and before the
+//!   new one, which is the round's `start + ttl − drift` (`quorum::extended_until`, and
+//!   `lease::renewal`'s next renewal a third of the ttl after that start); otherwise the
+//!   deadline never lengthens.
+//! - A `lock_all`'s yes votes each come from a node that held every key of the set with
+//!   its token: all or none.
 //! - Every node the SET (or extend) was handed to gets the compare-and-delete after a
-//!   lost attempt or an unlock: its exact bytes are handed to that node's connection
-//!   later, unless that connection broke meanwhile (then it could not be sent).
+//!   lost attempt or an unlock (a lagging node's queued behind its stale write): its
+//!   exact bytes are handed to that node's connection later, unless that connection
+//!   broke meanwhile (then it could not be sent).
 //! - Each engine's buffers stay under a fixed bound.
 //! - Across all clients, no two validity windows of one resource overlap in global
-//!   time (windows mapped from each client's clock rounded outwards), in
+//!   time (windows mapped from each client's clock rounded outwards; a `lock_all` has one
+//!   on each resource, a lease one that each renewal moves), in
 //!   [`Mode::Safe`]; in [`Mode::UnsafeRestart`] overlaps are counted instead.
 //! - Fences of one resource rise strictly in the order the locks were handed out, unless
 //!   a node restarted empty between the two (it lost its counters: a lower fence is then
@@ -63,9 +87,10 @@ use quorumlock::__private::core::quorum::{
     acquired_until, deadline, extended_until, quorum, safe_span,
 };
 use quorumlock::__private::core::round::{Decision, Round};
-use quorumlock::__private::core::script::RELEASE_FENCED;
+use quorumlock::__private::core::script::{RELEASE_ALL, RELEASE_FENCED};
 use quorumlock::__private::core::session::Login;
 use quorumlock::__private::core::token::{Token, TokenSource};
+use quorumlock::__private::lease::{Renewal, renew_at, renewal};
 use quorumlock::{Limits, NodeError, Outcome, Phase};
 use std::collections::{HashSet, VecDeque};
 use std::io::ErrorKind;
@@ -175,6 +200,27 @@ pub struct Stats {
     /// scenario where a node restarted empty (counters are lost with it; see
     /// `src/fencing.rs`). Without a restart, such a lock fails the scenario.
     pub fence_order_lost: u64,
+    /// `lock_all` attempts (both resources in one atomic command per node).
+    pub lock_all_attempts: u64,
+    /// `lock_all` locks granted (both resources held).
+    pub lock_alls: u64,
+    /// Extends (of a lock or a lease) won only after the lock's deadline had passed:
+    /// refused by `quorum::extended_until`.
+    pub extends_late: u64,
+    /// Leases taken (locks then kept by renewals every ttl/3).
+    pub leases: u64,
+    /// Lease renewals that gave a new deadline.
+    pub lease_renewals: u64,
+    /// Lease renewals too few nodes answered, tried again.
+    pub lease_retries: u64,
+    /// Leases lost (a renewal refused, or the deadline reached without one).
+    pub leases_lost: u64,
+    /// Acquires begun right after an unlock while some node still owed a reply (the
+    /// unlock's deletes beyond its majority, still in flight or queued behind a stale
+    /// write).
+    pub acquires_behind_unlock: u64,
+    /// Unlock deletes queued behind a lagging node's stale write (not waited for).
+    pub deletes_behind_lag: u64,
 }
 
 impl Stats {
@@ -213,6 +259,15 @@ impl Stats {
         self.fenced += o.fenced;
         self.fence_failed += o.fence_failed;
         self.fence_order_lost += o.fence_order_lost;
+        self.lock_all_attempts += o.lock_all_attempts;
+        self.lock_alls += o.lock_alls;
+        self.extends_late += o.extends_late;
+        self.leases += o.leases;
+        self.lease_renewals += o.lease_renewals;
+        self.lease_retries += o.lease_retries;
+        self.leases_lost += o.leases_lost;
+        self.acquires_behind_unlock += o.acquires_behind_unlock;
+        self.deletes_behind_lag += o.deletes_behind_lag;
     }
 
     /// Faults injected, all kinds.
@@ -478,13 +533,54 @@ struct Held {
     token: Token,
     deadline: Instant,
     written: u64,
-    /// Index into the world's holds.
-    hold: usize,
+    /// Indices into the world's holds: one per resource held (two for a `lock_all`).
+    holds: Vec<usize>,
+    /// A lease: kept by renewals (see [`LeaseTerm`]) instead of one extend.
+    lease: Option<LeaseTerm>,
     /// Each node's close count when the SET was handed over.
     closes: Vec<u32>,
     extended: bool,
     /// Its fence, once written back.
     fence: Option<u64>,
+}
+
+/// A lease's renewals, as the shared client's loop keeps them
+/// (`quorumlock::__private::lease`, the loop's own arithmetic).
+#[derive(Clone, Copy, Debug)]
+struct LeaseTerm {
+    /// When to renew next, on the client's clock.
+    next: Instant,
+    /// Renewals left before the holder releases the lease.
+    left: u32,
+}
+
+/// The items of a round on `res`; with `multi` (a `lock_all`), the other resource too.
+fn items(res: usize, multi: bool, token: &Token) -> ([Item<'_>; 2], usize) {
+    let item = |r: usize| Item {
+        key: RESOURCES[r],
+        token,
+    };
+    ([item(res), item(1 - res)], if multi { 2 } else { 1 })
+}
+
+/// The resources of a round on `res` (with `multi`, both).
+fn keys(res: usize, multi: bool) -> impl Iterator<Item = usize> + Clone {
+    [res, 1 - res].into_iter().take(if multi { 2 } else { 1 })
+}
+
+/// A round's request, as `Redlock` makes it: a `lock_all`'s rounds are atomic.
+fn request<'a>(
+    phase: Phase,
+    ttl_ms: u64,
+    items: &'a [Item<'a>],
+    chase: u64,
+    fencing: Fencing,
+) -> Request<'a> {
+    Request {
+        fencing,
+        atomic: items.len() > 1,
+        ..Request::new(phase, ttl_ms, items, chase)
+    }
 }
 
 struct Client {
@@ -493,9 +589,14 @@ struct Client {
     round: Round,
     tokens: TokenSource,
     rng: fastrand::Rng,
-    /// The token of the current round's one item (the resource is `res`).
+    /// The token of the current round's items (the resource is `res`).
     token: Token,
     res: usize,
+    /// The current lock is a `lock_all` of both resources (`res` first).
+    multi: bool,
+    /// The last operation was an unlock (its deletes beyond the majority may be in
+    /// flight when the next acquire begins).
+    unlocked: bool,
     phase: Phase,
     /// What the current round does with fence counters.
     fencing: Fencing,
@@ -527,6 +628,7 @@ impl Client {
             round,
             token,
             res,
+            multi,
             phase,
             ttl_ms,
             chase,
@@ -535,14 +637,8 @@ impl Client {
             ..
         } = self;
         if matches!(stage, Stage::Round { .. }) && !round.is_done() {
-            let items = [Item {
-                key: RESOURCES[*res],
-                token,
-            }];
-            let req = Request {
-                fencing: *fencing,
-                ..Request::new(*phase, *ttl_ms, &items[..], *chase)
-            };
+            let (items, n) = items(*res, *multi, token);
+            let req = request(*phase, *ttl_ms, &items[..n], *chase, *fencing);
             let mut active = Active { round, req: &req };
             engine.on_event(transport, node, readable, closed, Some(&mut active));
         } else {
@@ -559,6 +655,7 @@ impl Client {
             round,
             token,
             res,
+            multi,
             phase,
             ttl_ms,
             chase,
@@ -569,17 +666,27 @@ impl Client {
         if !matches!(stage, Stage::Round { .. }) || round.is_done() {
             return;
         }
-        let items = [Item {
-            key: RESOURCES[*res],
-            token,
-        }];
-        let req = Request {
-            fencing: *fencing,
-            ..Request::new(*phase, *ttl_ms, &items[..], *chase)
-        };
+        let (items, n) = items(*res, *multi, token);
+        let req = request(*phase, *ttl_ms, &items[..n], *chase, *fencing);
         let mut active = Active { round, req: &req };
         let now = transport.instant();
         engine.release_held(transport, &mut active, now);
+    }
+
+    /// A lock just handed out: held for a while (up to past its deadline), or, for a
+    /// lease, until its first renewal.
+    fn hold_after_lock(&mut self, now: SimTime, safe: Duration) {
+        let lease = self.lock.as_ref().and_then(|l| l.lease);
+        self.stage = match lease {
+            Some(lease) => {
+                let at = self
+                    .transport
+                    .clock
+                    .global(self.transport.local_of(lease.next));
+                Stage::Holding(at.max(now))
+            }
+            None => Stage::Holding(now + self.rng.u64(0..safe.as_nanos() as SimTime * 6 / 5)),
+        };
     }
 
     fn begin(&mut self, phase: Phase, token: Token, chase: u64, node_timeout: Duration) {
@@ -605,18 +712,13 @@ impl Client {
             round,
             token,
             res,
+            multi,
             ttl_ms,
             fencing,
             ..
         } = self;
-        let items = [Item {
-            key: RESOURCES[*res],
-            token,
-        }];
-        let req = Request {
-            fencing: *fencing,
-            ..Request::new(phase, *ttl_ms, &items[..], chase)
-        };
+        let (items, n) = items(*res, *multi, token);
+        let req = request(phase, *ttl_ms, &items[..n], chase, *fencing);
         let mut active = Active { round, req: &req };
         engine.begin(transport, &mut active, start);
         let local_end = transport.local_of(start) + node_timeout.as_nanos() as SimTime;
@@ -744,14 +846,27 @@ impl World {
         let p_slow_link = p(&mut rng, 0.05);
         let p_spike = p(&mut rng, 0.03);
         let nodes = (0..n)
-            .map(|i| NodeBox {
-                node: SimNode::new(seed.wrapping_mul(31).wrapping_add(i as u64)),
-                clock: Clock {
-                    offset: rng.u64(0..1 << 40),
-                    rate: 1.0 + (rng.f64() - 0.5) * 0.01,
-                },
-                frozen_until: 0,
-                down_until: 0,
+            .map(|i| {
+                let mut node = SimNode::new(seed.wrapping_mul(31).wrapping_add(i as u64));
+                // A deployment in use before the scenario: each node has the marker an
+                // earlier client of the restart guard wrote (a restart loses it).
+                let conn = node.accept();
+                let marker = format!("earlier-client-node-{i}");
+                let set = format!(
+                    "*3\r\n$3\r\nSET\r\n$17\r\nquorumlock:marker\r\n${}\r\n{marker}\r\n",
+                    marker.len()
+                );
+                node.feed(conn, set.as_bytes(), 0);
+                node.close(conn);
+                NodeBox {
+                    node,
+                    clock: Clock {
+                        offset: rng.u64(0..1 << 40),
+                        rate: 1.0 + (rng.f64() - 0.5) * 0.01,
+                    },
+                    frozen_until: 0,
+                    down_until: 0,
+                }
             })
             .collect();
         let mut faults = Vec::new();
@@ -819,7 +934,20 @@ impl World {
                     stats: Stats::default(),
                 };
                 let now = transport.instant();
-                let mut engine = Engine::new(vec![Login::default(); n], timing, now);
+                // With the guard on, each client writes its own marker where a node
+                // has none (after a restart).
+                let logins = (0..n)
+                    .map(|i| Login {
+                        marker: (!timing.restart_guard.is_zero()).then(|| {
+                            let mut m = [b'0'; 32];
+                            m[..16].copy_from_slice(format!("{ci:016x}").as_bytes());
+                            m[16..].copy_from_slice(format!("{i:016x}").as_bytes());
+                            m
+                        }),
+                        ..Login::default()
+                    })
+                    .collect();
+                let mut engine = Engine::new(logins, timing, now);
                 engine.maintain(&mut transport, now);
                 let buffered_base = engine.buffered();
                 Client {
@@ -830,6 +958,8 @@ impl World {
                     rng: fastrand::Rng::with_seed(rng.u64(..) ^ ci as u64),
                     token: Token::from_bits(0),
                     res: 0,
+                    multi: false,
+                    unlocked: false,
                     phase: Phase::Acquire,
                     fencing: Fencing::Off,
                     ttl_ms,
@@ -1244,10 +1374,18 @@ impl World {
         }
         if c.attempt == 0 {
             c.res = c.rng.usize(0..resources);
+            // With two resources, a quarter of the locks are a `lock_all` of both.
+            c.multi = resources == 2 && c.rng.u8(0..4) == 0;
         }
         c.attempt += 1;
         let token = c.tokens.next_token().unwrap();
         self.stats.attempts += 1;
+        if c.multi {
+            self.stats.lock_all_attempts += 1;
+        }
+        if std::mem::take(&mut c.unlocked) && c.engine.sessions().iter().any(|s| s.owed() > 0) {
+            self.stats.acquires_behind_unlock += 1;
+        }
         c.begin(Phase::Acquire, token, 0, nt);
         if c.engine.hold_until().is_some() {
             self.stats.held_acquires += 1;
@@ -1260,6 +1398,29 @@ impl World {
         let c = &mut self.clients[ci];
         let lock = c.lock.as_ref().expect("holding without a lock");
         let valid = c.transport.instant() < lock.deadline;
+        if let Some(lease) = lock.lease {
+            // The shared client's loop: lost at its deadline (reported `LOST_EARLY`, 2 ms,
+            // before it), else renewed while renewals are left, else released.
+            let lost = c.transport.instant() + Duration::from_millis(2) >= lock.deadline;
+            if lost {
+                self.stats.leases_lost += 1;
+            } else if lease.left > 0 {
+                let token = lock.token.clone();
+                c.begin(Phase::Extend, token, 0, nt);
+                return;
+            } else if c.rng.bool() {
+                // The holder's process dies after its last renewal: nothing releases the
+                // lease, which ends with its renewed deadline; the others, patient, take
+                // the keys right after.
+                c.lock = None;
+                c.ops_left -= 1;
+                c.stage = Stage::Idle(now + c.rng.u64(0..3 * MS));
+                self.stats.abandoned += 1;
+                return;
+            }
+            self.unlock(ci, now);
+            return;
+        }
         match c.rng.u8(0..12) {
             0..=3 if valid && !lock.extended => {
                 let token = lock.token.clone();
@@ -1285,37 +1446,51 @@ impl World {
         let nt = self.node_timeout;
         let c = &mut self.clients[ci];
         let lock = c.lock.as_ref().expect("unlock without a lock");
-        let h = &mut self.holds[lock.hold];
-        h.valid_until = h.valid_until.min(now);
+        for &h in &lock.holds {
+            let h = &mut self.holds[h];
+            h.valid_until = h.valid_until.min(now);
+        }
         let (token, written) = (lock.token.clone(), lock.written);
         c.begin(Phase::Release, token, written, nt);
+        // Nodes written the lock's SET or an extend that lag: the delete is queued behind
+        // the stale write there, not waited for.
+        self.stats.deletes_behind_lag += (0..self.nodes.len())
+            .filter(|&node| {
+                chases(written, node)
+                    && c.round.vote(node, 0) == Some(Outcome::Failed(NodeError::Lagging))
+            })
+            .count() as u64;
     }
 
     /// Owes `node`s in `mask` the compare-and-delete of the current item.
     fn owe(&mut self, ci: usize, mask: u64, closes: &[u32]) {
         let c = &self.clients[ci];
-        let mut release = Vec::new();
-        encode(
-            &mut release,
-            Command::release(false),
-            RESOURCES[c.res],
-            &c.token,
-        );
-        for (node, &closes) in closes.iter().enumerate() {
-            if chases(mask, node) {
-                self.owed.push(Owed {
-                    client: ci,
-                    node,
-                    release: release.clone(),
-                    from: c.transport.sent[node].len(),
-                    closes,
-                });
+        // A lost attempt deletes each of its keys, one command each.
+        for r in keys(c.res, c.multi) {
+            let mut release = Vec::new();
+            encode(
+                &mut release,
+                Command::release(false),
+                RESOURCES[r],
+                &c.token,
+            );
+            for (node, &closes) in closes.iter().enumerate() {
+                if chases(mask, node) {
+                    self.owed.push(Owed {
+                        client: ci,
+                        node,
+                        release: release.clone(),
+                        from: c.transport.sent[node].len(),
+                        closes,
+                    });
+                }
             }
         }
     }
 
     /// The yes votes of a won slot: at least a quorum, of distinct nodes, each from a node
-    /// that held this key with this token.
+    /// that held this key with this token (for a `lock_all`, every key of the set: all or
+    /// none).
     fn check_won(&self, ci: usize) {
         let seed = self.seed;
         let c = &self.clients[ci];
@@ -1331,12 +1506,15 @@ impl World {
             c.round.yes(0)
         );
         for &node in &yes {
-            assert!(
-                self.observed.contains(&(node, c.res, token)),
-                "seed {seed}: client {ci}'s {:?} counted a yes from node {node}, which never \
-                 held the key with its token",
-                c.phase
-            );
+            for r in keys(c.res, c.multi) {
+                assert!(
+                    self.observed.contains(&(node, r, token)),
+                    "seed {seed}: client {ci}'s {:?} counted a yes from node {node}, which never \
+                     held the key of resource {r} with its token{}",
+                    c.phase,
+                    if c.multi { " (a lock_all)" } else { "" }
+                );
+            }
         }
     }
 
@@ -1387,23 +1565,37 @@ impl World {
                         end <= start + ttl - quorumlock::__private::core::quorum::drift(ttl, DRIFT)
                     );
                     let valid_until = c.transport.clock.global(c.transport.local_of(end));
-                    self.holds.push(Hold {
-                        client: ci,
-                        resource: c.res,
-                        acquired_at: now,
-                        valid_until,
+                    // One window per resource: a `lock_all` holds both until its deadline.
+                    let mut holds = Vec::new();
+                    for resource in keys(c.res, c.multi) {
+                        holds.push(self.holds.len());
+                        self.holds.push(Hold {
+                            client: ci,
+                            resource,
+                            acquired_at: now,
+                            valid_until,
+                        });
+                    }
+                    // A third of the single locks are leases: renewed every ttl/3 as the
+                    // shared client's loop does, a few times, then released.
+                    let lease = (!c.multi && c.rng.u8(0..3) == 0).then(|| LeaseTerm {
+                        next: renew_at(start, ttl),
+                        left: c.rng.u32(1..=4),
                     });
                     c.lock = Some(Held {
                         token: c.token.clone(),
                         deadline: end,
                         written: c.engine.written(),
-                        hold: self.holds.len() - 1,
+                        holds,
+                        lease,
                         closes: c.round_closes.clone(),
                         extended: false,
                         fence: None,
                     });
                     c.attempt = 0;
                     self.stats.locks += 1;
+                    self.stats.lock_alls += u64::from(c.multi);
+                    self.stats.leases += u64::from(lease.is_some());
                     if c.fenced {
                         // The fence: the largest counter among the counted yes votes,
                         // plus one, written back before the lock may be used.
@@ -1415,8 +1607,7 @@ impl World {
                         c.begin(Phase::Fence, token, 0, self.node_timeout);
                         return;
                     }
-                    let hold_for = c.rng.u64(0..safe.as_nanos() as SimTime * 6 / 5);
-                    c.stage = Stage::Holding(now + hold_for);
+                    c.hold_after_lock(now, safe);
                     return;
                 }
                 match decision {
@@ -1433,13 +1624,11 @@ impl World {
                     transport,
                     token,
                     res,
+                    multi,
                     ..
                 } = c;
-                let items = [Item {
-                    key: RESOURCES[*res],
-                    token,
-                }];
-                engine.release_lost(transport, &items[..], &[0]);
+                let (items, n) = items(*res, *multi, token);
+                engine.release_lost(transport, &items[..n], &[0, 1][..n]);
                 if c.attempt >= MAX_ATTEMPTS {
                     c.attempt = 0;
                     c.ops_left -= 1;
@@ -1458,30 +1647,119 @@ impl World {
                 let lock = c.lock.as_mut().unwrap();
                 lock.extended = true;
                 lock.written |= written;
+                let current = lock.deadline;
+                if decision == Decision::Won && decided >= current {
+                    self.stats.extends_late += 1;
+                }
+                // A new deadline only from a quorum that confirmed it in time: before the
+                // lock's deadline, and before the new one, which is the round's start +
+                // ttl − drift.
+                let what = if lock.lease.is_some() {
+                    "a lease renewal"
+                } else {
+                    "Redlock::extend"
+                };
+                let good = |end: Instant| {
+                    assert!(
+                        decision == Decision::Won
+                            && decided < current
+                            && Some(end) == deadline(start, ttl, DRIFT)
+                            && decided < end,
+                        "seed {seed}: client {ci}: an extend ({}) gave a new deadline {} ms \
+                         after its start, decided {:?} ({} ms after its start, the lock's \
+                         deadline {} ms after it)",
+                        what,
+                        end.duration_since(start).as_secs_f64() * 1e3,
+                        decision,
+                        decided.duration_since(start).as_secs_f64() * 1e3,
+                        current.saturating_duration_since(start).as_secs_f64() * 1e3,
+                    );
+                };
+                // Whatever the verdict, the lock never lengthens but by a good extend.
+                let shorter = |keep: Instant| {
+                    assert!(keep <= current, "seed {seed}: a failed extend lengthened");
+                };
+                if let Some(lease) = lock.lease.as_mut() {
+                    // A lease's renewal: the shared client's loop's own verdict.
+                    let nt = self.node_timeout;
+                    let pause = (ttl / 10).clamp(nt, nt.max(Duration::from_millis(3)));
+                    let at = c.transport.instant();
+                    let verdict = renewal(decision, decided, start, at, ttl, DRIFT, current, pause);
+                    match verdict {
+                        Renewal::Renewed {
+                            deadline: end,
+                            next,
+                        } => {
+                            good(end);
+                            assert_eq!(next, renew_at(start, ttl), "seed {seed}");
+                            lock.deadline = end;
+                            lease.next = next;
+                            lease.left -= 1;
+                            self.stats.lease_renewals += 1;
+                        }
+                        Renewal::Retry {
+                            deadline: keep,
+                            next,
+                        } => {
+                            shorter(keep);
+                            assert!(
+                                !matches!(decision, Decision::Won | Decision::Taken),
+                                "seed {seed}: a decided renewal retried"
+                            );
+                            lock.deadline = keep;
+                            lease.next = next;
+                            self.stats.lease_retries += 1;
+                        }
+                        Renewal::Lost { deadline: keep } => {
+                            shorter(keep);
+                            lock.deadline = keep;
+                            self.stats.leases_lost += 1;
+                        }
+                    }
+                    let lost = !matches!(verdict, Renewal::Renewed { .. } | Renewal::Retry { .. });
+                    let end = c
+                        .transport
+                        .clock
+                        .global(c.transport.local_of(lock.deadline));
+                    for &h in &lock.holds {
+                        let h = &mut self.holds[h];
+                        h.valid_until = if matches!(verdict, Renewal::Renewed { .. }) {
+                            end
+                        } else {
+                            h.valid_until.min(end.max(now))
+                        };
+                    }
+                    if lost {
+                        self.unlock(ci, now);
+                    } else {
+                        let next = c.transport.clock.global(c.transport.local_of(lease.next));
+                        c.stage = Stage::Holding(next.max(now));
+                    }
+                    return;
+                }
                 // The library's own verdict (`Redlock::extend` uses the same function).
-                let verdict = extended_until(decision, decided, start, ttl, DRIFT, lock.deadline);
-                let h = &mut self.holds[lock.hold];
+                let verdict = extended_until(decision, decided, start, ttl, DRIFT, current);
                 match verdict {
                     Ok(end) => {
-                        assert!(
-                            Some(end) == deadline(start, ttl, DRIFT) && decided < end,
-                            "seed {seed}: an extend's deadline past start + ttl − drift"
-                        );
+                        good(end);
                         lock.deadline = end;
-                        h.valid_until = c.transport.clock.global(c.transport.local_of(end));
+                        let end = c.transport.clock.global(c.transport.local_of(end));
+                        for &h in &lock.holds {
+                            self.holds[h].valid_until = end;
+                        }
                         self.stats.extends += 1;
                         let safe = safe_span(ttl, DRIFT).unwrap();
                         let hold_for = c.rng.u64(0..safe.as_nanos() as SimTime);
                         c.stage = Stage::Holding(now + hold_for);
                     }
-                    Err(shorter) => {
-                        assert!(
-                            shorter <= lock.deadline,
-                            "seed {seed}: a failed extend lengthened"
-                        );
-                        lock.deadline = shorter;
-                        let end = c.transport.clock.global(c.transport.local_of(shorter));
-                        h.valid_until = h.valid_until.min(end.max(now));
+                    Err(keep) => {
+                        shorter(keep);
+                        lock.deadline = keep;
+                        let end = c.transport.clock.global(c.transport.local_of(keep));
+                        for &h in &lock.holds {
+                            let h = &mut self.holds[h];
+                            h.valid_until = h.valid_until.min(end.max(now));
+                        }
                         self.stats.extends_failed += 1;
                         self.unlock(ci, now);
                     }
@@ -1491,20 +1769,26 @@ impl World {
                 let lock = c.lock.take().unwrap();
                 let chase = c.chase;
                 self.stats.unlocks += 1;
-                // Owed from where the stream stood when the unlock began.
+                // Owed from where the stream stood when the unlock began: the release as
+                // `Redlock::unlock` sends it (a `lock_all`'s one script over its keys).
                 let item = Item {
                     key: RESOURCES[c.res],
                     token: &c.token,
                 };
+                let keys = keys(c.res, c.multi).map(|r| RESOURCES[r]);
+                let token = Arg::Bytes(item.token.as_bytes());
                 let mut release = Vec::new();
                 match lock.fence {
                     Some(fence) => eval_over(
                         &mut release,
                         RELEASE_FENCED,
-                        [item.key].into_iter(),
+                        keys,
                         KeyList::Both,
-                        &[Arg::Bytes(item.token.as_bytes()), Arg::Int(fence)],
+                        &[token, Arg::Int(fence)],
                     ),
+                    None if c.multi => {
+                        eval_over(&mut release, RELEASE_ALL, keys, KeyList::Locks, &[token]);
+                    }
                     None => encode(&mut release, Command::release(false), item.key, item.token),
                 }
                 for node in 0..self.nodes.len() {
@@ -1519,6 +1803,7 @@ impl World {
                     }
                 }
                 c.ops_left -= 1;
+                c.unlocked = true;
                 c.stage = Stage::Idle(now + c.rng.u64(0..3 * MS));
             }
             Phase::Fence => {
@@ -1527,14 +1812,15 @@ impl World {
                 // As `Redlock` does: the lock is handed out only if a majority confirmed
                 // its fence while it was still valid; otherwise it is released.
                 if decision == Decision::Won && c.transport.instant() < lock.deadline {
-                    self.fences.push((c.res, decided, now, fence));
+                    for r in keys(c.res, c.multi) {
+                        self.fences.push((r, decided, now, fence));
+                    }
                     if let Some(lock) = c.lock.as_mut() {
                         lock.fence = Some(fence);
                     }
                     self.stats.fenced += 1;
                     let safe = safe_span(ttl, DRIFT).expect("ttl within drift");
-                    let hold_for = c.rng.u64(0..safe.as_nanos() as SimTime * 6 / 5);
-                    c.stage = Stage::Holding(now + hold_for);
+                    c.hold_after_lock(now, safe);
                 } else {
                     self.stats.fence_failed += 1;
                     self.unlock(ci, now);
