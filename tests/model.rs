@@ -16,6 +16,29 @@
 //!
 //! Each configuration prints its states explored, unique states, maximum depth and time;
 //! a violation prints its trace, step by step, and fails.
+//! - `MODEL_CHECK_FINGERPRINTS=1`: every transition's whole state compared with the
+//!   first one its fingerprint stood for (CI: the configuration that sets
+//!   `check_fingerprints`); `MODEL_CHECK_INDEPENDENCE=1`: the independence relation tested
+//!   on every state (CI: 1 in 16). `scripts/model-release-check.sh` runs CI's set with
+//!   both, before each release.
+//!
+//! # What CI's set leaves out
+//!
+//! - Issue 24's world, two fenced clients with replies read late while time moves, is
+//!   not in CI: bounded (client 0 wins at once, client 1 begins from tick 1, in
+//!   `large()`), it ran past a million transitions in 7 minutes on this 2-core machine
+//!   under load without reaching the bug, and neither did two smaller tries (both clients
+//!   beginning at 0 with node 0 late to both: finished, 3.87 million transitions, no
+//!   violation, because a round begun at 0 has no validity left once a key has expired;
+//!   client 1 from tick 1 with three late connections: unfinished). The bug's own trace
+//!   is a regression test instead.
+//! - The restart with the guard on, explored whole: in `large()` only (from client 0
+//!   holding, restarts at any time, it ran past 5 minutes here and was stopped); CI
+//!   runs the guard-on restart only in the caught-fault test (a search).
+//! - The prefixed configurations (client 0 holds first) explore every continuation of
+//!   that prefix, not the orders before it, which the other configurations cover.
+//! - Time steps to validity edges run in the caught-fault test (`tests/model_faults.rs`),
+//!   not in a whole exploration here.
 
 #[path = "model/explore.rs"]
 mod explore;
@@ -69,16 +92,6 @@ pub fn small() -> Vec<Config> {
             expect: WON | WAITER_WINS,
             ..Config::base("client 0 holds first, one instant, 2 attempts")
         },
-        Config {
-            attempts: 1,
-            restarts: 1,
-            restart_only: Some(0),
-            guard: true,
-            ticks: 0,
-            prefix: HOLDS_FIRST.to_vec(),
-            expect: WON | GUARD_HELD,
-            ..Config::base("client 0 holds first, restart of 0, guard on")
-        },
     ]
 }
 
@@ -95,6 +108,18 @@ const HOLDS_FIRST: [Action; 5] = [
 /// The ones `MODEL_LARGE=1` adds.
 pub fn large() -> Vec<Config> {
     vec![
+        // The guard-on restart explored whole from client 0 holding: not finished in CI's
+        // time here (past 5 minutes under a load of 5 on 2 cores, stopped).
+        Config {
+            attempts: 1,
+            restarts: 1,
+            restart_only: Some(0),
+            guard: true,
+            ticks: 0,
+            prefix: HOLDS_FIRST.to_vec(),
+            expect: WON | GUARD_HELD,
+            ..Config::base("client 0 holds first, restart of 0, guard on")
+        },
         // Issue 24's world (fenced, replies read late while time moves), bounded: client
         // 0 wins on nodes 0 and 1 at once, client 1 begins from tick 1. Not finished
         // here: on the old fence write-back it ran past 1 million transitions (409,000
