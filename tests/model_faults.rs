@@ -90,7 +90,8 @@ fn cases() -> Vec<(Fault, Config)> {
             Fault::ValidityOverstated,
             // A client at the edge (SLOWEST) against fast servers: its window, 1 ms too
             // long, outlives its keys by a quarter of a millisecond, which only a time
-            // step to the keys' expiry (an edge) lands in; at 25 ms ticks it is missed.
+            // step to the keys' expiry (an edge) lands in; 25 ms ticks step over it (by
+            // the arithmetic of world::SLOWEST; not measured).
             Config {
                 client_rates: vec![SLOWEST, EXACT],
                 attempts: 1,
