@@ -29,6 +29,12 @@ pub enum Fault {
     /// The restart guard measures a node's age on the client's clock since the engine
     /// was made, not the node's reported uptime: a freshly restarted node counts.
     GuardWrongClock,
+    /// `quorum::safe_span` returns a millisecond more than `ttl − drift`: a lock's
+    /// validity is overstated by 1 ms.
+    ValidityOverstated,
+    /// `quorum::acquired_until` counts the validity from the round's decision instead of
+    /// its start: the time the round took is not subtracted.
+    ValidityFromDecision,
     /// `quorum::extended_until` keeps the new deadline of an extend won after the lock's
     /// current deadline had passed (only the new deadline is checked).
     ExtendLateWin,

@@ -61,6 +61,11 @@ pub fn safe_span(ttl: Duration, drift_factor: f64) -> Option<Duration> {
     if super::fault!(DriftNotSubtracted) {
         return Some(ttl);
     }
+    if super::fault!(ValidityOverstated) {
+        return ttl
+            .checked_sub(drift(ttl, drift_factor))
+            .map(|safe| safe + Duration::from_millis(1));
+    }
     ttl.checked_sub(drift(ttl, drift_factor))
         .filter(|safe| !safe.is_zero())
 }
@@ -78,6 +83,11 @@ pub fn acquired_until(
     if decision != Decision::Won {
         return None;
     }
+    let start = if super::fault!(ValidityFromDecision) {
+        decided
+    } else {
+        start
+    };
     let end = start.checked_add(safe?)?;
     (decided < end).then_some(end)
 }

@@ -30,6 +30,7 @@
 //! search ends; [`MAX_DEPTH`] only guards against a model that forgot to.
 
 use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Instant;
 
 /// Deeper than any bounded model here goes: reaching it is a bug of the model.
@@ -49,6 +50,9 @@ pub trait Model: Clone {
     fn step(&mut self, action: &Self::Action);
     /// A fingerprint of everything that decides the future of this state.
     fn fingerprint(&self) -> u64;
+    /// The whole state, every field (for [`Options::check_fingerprints`]): two states
+    /// with one fingerprint must render alike.
+    fn full_state(&self) -> String;
     /// Whether `a` and `b`, both enabled here, commute: either order reaches one state,
     /// and neither disables the other. `false` is always sound (no reduction).
     fn independent(&self, a: &Self::Action, b: &Self::Action) -> bool;
@@ -72,6 +76,12 @@ pub struct Options {
     /// multiple of this (1: every state, several times slower; 0: none). A fingerprint
     /// is a hash: the states tested are a sample spread over the whole space.
     pub check_independence: u64,
+    /// Test the fingerprints: keep, for each fingerprint, a hash of the whole state it
+    /// first stood for ([`Model::full_state`]), and report a violation when a state
+    /// reached later has the same fingerprint and a different whole state (a field the
+    /// fingerprint leaves out, that would merge the two unexplored). Every transition's
+    /// state is rendered: several times slower.
+    pub check_fingerprints: bool,
 }
 
 /// What one exploration found.
@@ -87,6 +97,9 @@ pub struct Report<A> {
     pub ends: u64,
     /// Pairs of actions whose independence was tested (`check_independence`).
     pub pairs_checked: u64,
+    /// Transitions whose whole state was compared with its fingerprint's first one
+    /// (`check_fingerprints`).
+    pub fingerprints_checked: u64,
     /// Seconds of wall-clock time (reported, never asserted).
     pub secs: f64,
     /// The "sometimes" bits reached, and for each bit the first trace reaching it.
@@ -104,6 +117,7 @@ impl<A> Default for Report<A> {
             max_depth: 0,
             ends: 0,
             pairs_checked: 0,
+            fingerprints_checked: 0,
             secs: 0.0,
             reached: 0,
             witnesses: Vec::new(),
@@ -145,6 +159,32 @@ pub fn explore<M: Model>(root: M, options: Options) -> Report<M::Action> {
     let mut report = Report::default();
     // Every state seen, with the actions not yet taken from it (its sleep set).
     let mut seen: HashMap<u64, Mask> = HashMap::new();
+    // With `check_fingerprints`: each fingerprint's first whole state, hashed.
+    let mut whole: HashMap<u64, u64> = HashMap::new();
+    let show: Option<u64> = std::env::var("MODEL_FINGERPRINT_SHOW")
+        .ok()
+        .and_then(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok());
+    let mut same_whole = |state: &M, fingerprint: u64, report: &mut Report<M::Action>| {
+        if !options.check_fingerprints {
+            return Ok(());
+        }
+        report.fingerprints_checked += 1;
+        let rendered = state.full_state();
+        if show == Some(fingerprint) {
+            eprintln!("state of fingerprint {fingerprint:#x}:\n{rendered}");
+        }
+        let mut h = DefaultHasher::new();
+        rendered.hash(&mut h);
+        let h = h.finish();
+        match whole.insert(fingerprint, h) {
+            Some(first) if first != h => Err(format!(
+                "fingerprint {fingerprint:#x} stands for two different whole states, the one \
+                 this trace reaches and one reached before (a field the fingerprint leaves \
+                 out?): MODEL_FINGERPRINT_SHOW={fingerprint:x} prints each state it stands for"
+            )),
+            _ => Ok(()),
+        }
+    };
     let trace = |stack: &[Frame<M>], last: &M::Action| -> Vec<M::Action> {
         let mut t: Vec<M::Action> = stack.iter().filter_map(|f| f.via.clone()).collect();
         t.push(last.clone());
@@ -156,6 +196,11 @@ pub fn explore<M: Model>(root: M, options: Options) -> Report<M::Action> {
         root.actions(&mut actions);
         seen.insert(root.fingerprint(), 0);
         report.unique = 1;
+        if let Err(v) = same_whole(&root, root.fingerprint(), &mut report) {
+            report.violation = Some((v, Vec::new()));
+            report.secs = t0.elapsed().as_secs_f64();
+            return report;
+        }
         if let Err(v) = first_visit(&root, root.fingerprint(), &actions, options, &mut report) {
             report.violation = Some((v, Vec::new()));
             report.secs = t0.elapsed().as_secs_f64();
@@ -212,6 +257,10 @@ pub fn explore<M: Model>(root: M, options: Options) -> Report<M::Action> {
             );
         }
         let fingerprint = child.fingerprint();
+        if let Err(v) = same_whole(&child, fingerprint, &mut report) {
+            report.violation = Some((v, trace(&stack, &action)));
+            break;
+        }
         let stored = seen.get(&fingerprint).copied();
         if stored == Some(0) {
             continue; // seen, and every action from it taken

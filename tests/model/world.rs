@@ -5,7 +5,11 @@
 //!
 //! # What is modelled
 //!
-//! - Time: global ticks of [`TICK`] (10 ms), up to [`Config::ticks`]. Each clock (client
+//! - Time: global ticks of [`TICK`] (25 ms), up to [`Config::ticks`], and where a
+//!   configuration allows them ([`Config::edges`]), steps to the next instant at a
+//!   validity edge before the next tick ([`Action::Edge`]: a key's expiry on its server's
+//!   clock, the last nanosecond of a holder's window, a round's time-out), so that a window
+//!   a millisecond too long is seen. Each clock (client
 //!   or server) reads `offset + rate × global` with its own rate in per mille: clients
 //!   run slow or exact, servers exact or fast (`Config::client_rates`, `server_rates`),
 //!   within the drift factor [`DRIFT`] the clients use. Keys expire on each server's own
@@ -17,8 +21,8 @@
 //!   time: a reply may wait past `node_timeout`, a client may pause), a connection is
 //!   accepted, time ticks.
 //! - Faults, bounded per config: a connection lost with everything in flight
-//!   (`Config::resets`), a server restarting empty (`Config::restarts`: keys, fence
-//!   counters, script cache and connections lost, a new run id, uptime from zero), with
+//!   (`Config::resets`), a server restarting empty at any time (`Config::restarts`: keys,
+//!   fence counters, script cache and connections lost, a new run id, uptime from zero), with
 //!   the clients' restart guard on or off. A frozen server, or a paused client, is one
 //!   that takes no action while time ticks: every such schedule is explored already.
 //! - Clients run what `Redlock::lock` (retries), `Redlock::unlock` and, with fencing,
@@ -29,6 +33,10 @@
 //!   A release or fence round ends when decided and no write is pending, as the driver's.
 //! - Endpoints map to servers (`Config::endpoints`): two endpoints of one server are an
 //!   alias, which the engine must count once.
+//! - Bounds that make a longer horizon fit: `Config::urgent` (time moves only once nothing
+//!   is in flight) except on the connections of `Config::late`; a fixed prefix of actions
+//!   (`Config::prefix`) explored from; clients that begin no earlier than a tick
+//!   (`Config::begin_from`).
 //!
 //! Not modelled (the random simulation `tests/sim.rs` covers them): partial writes and
 //! split reads, refused connects and servers that stay down, extends, lease renewals,
@@ -43,7 +51,9 @@
 //! votes from at least a quorum of distinct servers, each of which held that key with
 //! that token (no reply counted for another round, slot or client); after a lost attempt
 //! or an unlock, every connection the SET went out on is written the compare-and-delete
-//! (unless the world broke that connection); buffers and messages in flight stay bounded.
+//! (unless the world broke that connection), judged on every state where a client is idle
+//! or done with nothing left unwritten, and on every finished trace; buffers and messages
+//! in flight stay bounded.
 
 use crate::node::{ConnId, SimNode};
 use quorumlock::__private::core::command::FENCE_PREFIX;
@@ -110,13 +120,27 @@ pub struct Config {
     /// Time moves on only once every message in flight has been handled: no reply
     /// waits past `node_timeout` (a smaller state space, for long horizons).
     pub urgent: bool,
-    /// With `urgent`, the one connection, (client, endpoint), whose messages may still
-    /// wait while time moves on: late replies from one node to one client.
-    pub late: Option<(usize, usize)>,
+    /// With `urgent`, the connections, (client, endpoint), whose messages (both ways)
+    /// may still wait while time moves on: late requests and replies between these
+    /// clients and nodes.
+    pub late: Vec<(usize, usize)>,
+    /// Client `c` begins its first attempt no earlier than tick `begin_from[c]` (missing:
+    /// tick 0): a bound on when clients start, to fit a longer horizon.
+    pub begin_from: Vec<u32>,
+    /// Actions taken from the warm start before the exploration begins (a fixed
+    /// prefix: the search explores every continuation of it, nothing before it).
+    pub prefix: Vec<Action>,
+    /// Time may also move to the next instant at a validity edge ([`Action::Edge`]):
+    /// just after a key expires on a server's clock, at the last instant of a holder's
+    /// window, at a round's time-out. Up to this many such steps per trace (0: none).
+    pub edges: u32,
     /// A search, not a proof: stop once every `expect` bit is reached.
     pub stop: bool,
     /// The "sometimes" bits that must be reached.
     pub expect: u32,
+    /// Test the fingerprints on this configuration (as `MODEL_CHECK_FINGERPRINTS=1` does
+    /// on every one): the explorer's `Options::check_fingerprints`.
+    pub check_fingerprints: bool,
 }
 
 /// Clock rates in per mille. Slow and exact clients, fast servers: 1050 / 950 is inside
@@ -124,6 +148,14 @@ pub struct Config {
 pub const SLOW: u64 = 950;
 pub const EXACT: u64 = 1000;
 pub const FAST: u64 = 1050;
+/// A client at the edge of what the validity allows against a fast server at a 50 ms
+/// ttl: its 43 ms of validity are 47.25 ms of global time, and a key set on a fast server
+/// lives at least 50 of its milliseconds (whole milliseconds, expired once past), 47.62
+/// ms: 0.37 ms to spare. A validity 1 ms longer (48.35 ms) outlives a key set at tick 0
+/// (48.10 ms, the servers' clocks half a millisecond into one): only a time step between
+/// the two sees it (`Config::edges`).
+#[allow(dead_code)] // tests/model_faults.rs's
+pub const SLOWEST: u64 = 910;
 
 impl Config {
     /// The common world: 2 clients (slow, exact; a third fast), 3 nodes (fast, fast,
@@ -146,7 +178,11 @@ impl Config {
             client_rates: vec![SLOW, EXACT, FAST],
             server_rates: vec![FAST, FAST, EXACT],
             urgent: false,
-            late: None,
+            late: Vec::new(),
+            begin_from: Vec::new(),
+            prefix: Vec::new(),
+            edges: 0,
+            check_fingerprints: false,
             stop: false,
             expect: WON | WAITER_WINS,
         }
@@ -187,8 +223,12 @@ pub fn bit_names(bits: u32) -> String {
 /// One choice of the world.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
-    /// Global time moves one tick on.
+    /// Global time moves on to the next tick.
     Tick,
+    /// Global time moves on to the next instant at a validity edge before the next tick
+    /// ([`Config::edges`]): the first at which a key has expired on its server's clock,
+    /// the last of a holder's window, or a round's time-out on its client's clock.
+    Edge,
     /// Client `c` starts an acquire attempt.
     Begin(usize),
     /// Client `c` unlocks the lock it holds.
@@ -525,6 +565,9 @@ struct Owed {
 pub struct World {
     pub config: Config,
     tick: u32,
+    /// Global time, in nanoseconds: `tick × TICK`, or later by edge steps.
+    now: u64,
+    edges_left: u32,
     servers: Vec<SimNode>,
     server_clocks: Vec<Clock>,
     clients: Vec<Client>,
@@ -613,7 +656,7 @@ impl World {
                     phase: Phase::Acquire,
                     fencing: Fencing::Off,
                     chase: 0,
-                    stage: Stage::Idle(0),
+                    stage: Stage::Idle(config.begin_from.get(c).copied().unwrap_or(0)),
                     lock: None,
                     attempt: 0,
                     refused: false,
@@ -623,6 +666,8 @@ impl World {
             .collect();
         let mut w = World {
             tick: 0,
+            now: 0,
+            edges_left: config.edges,
             servers,
             server_clocks,
             clients,
@@ -665,11 +710,57 @@ impl World {
                 "client {c}: a handshake is unanswered after the warm start"
             );
         }
+        for a in w.config.prefix.clone() {
+            let mut enabled = Vec::new();
+            crate::explore::Model::actions(&w, &mut enabled);
+            assert!(
+                enabled.contains(&a),
+                "the prefix's {a:?} is not enabled (enabled: {enabled:?})"
+            );
+            w.step(&a);
+        }
         w
     }
 
     fn global(&self) -> u64 {
-        u64::from(self.tick) * TICK
+        self.now
+    }
+
+    /// The next instant at a validity edge ([`Action::Edge`]) after now and before the
+    /// next tick, if any.
+    fn next_edge(&self) -> Option<u64> {
+        if self.edges_left == 0 || self.tick >= self.config.ticks {
+            return None;
+        }
+        let g = self.now;
+        let limit = u64::from(self.tick + 1) * TICK;
+        let mut next: Option<u64> = None;
+        let mut consider = |t: u64| {
+            if t > g && t < limit && next.is_none_or(|n| t < n) {
+                next = Some(t);
+            }
+        };
+        // A key expires once its server's whole milliseconds pass its expiry.
+        for (s, node) in self.servers.iter().enumerate() {
+            let clock = self.server_clocks[s];
+            let now_ms = clock.local(g) / MS;
+            for k in node.keys(clock.local(g)) {
+                if let Some(pttl) = k.pttl_ms {
+                    consider(clock.global_of((now_ms + pttl + 1) * MS));
+                }
+            }
+        }
+        // The last instant of a holder's window.
+        for w in self.windows.values() {
+            consider(w.until.saturating_sub(1));
+        }
+        // A round's time-out on its client's clock.
+        for cl in &self.clients {
+            if let Stage::Round { until, .. } = cl.stage {
+                consider(cl.clock.global_of(until));
+            }
+        }
+        next
     }
 
     fn server_now(&self, s: usize) -> u64 {
@@ -726,10 +817,36 @@ impl World {
     }
 
     fn act(&mut self, action: &Action) {
+        self.act_on(action);
+        // Every compare-and-delete owed, judged as soon as it can be: once a client is
+        // idle or done (no round of its own), with nothing left unwritten, it has written
+        // every delete it ever will.
+        for c in 0..self.clients.len() {
+            let cl = &mut self.clients[c];
+            if matches!(cl.stage, Stage::Idle(_) | Stage::Done) && !cl.engine.writes_pending() {
+                if let Some(v) = self.unsent_delete_of(Some(c)) {
+                    self.fail(v);
+                }
+            }
+        }
+    }
+
+    fn act_on(&mut self, action: &Action) {
         match *action {
             Action::Tick => {
                 self.tick += 1;
+                self.now = u64::from(self.tick) * TICK;
                 self.note(|_| "-- time moves one tick on --".into());
+            }
+            Action::Edge => {
+                self.now = self.next_edge().expect("an edge");
+                self.edges_left -= 1;
+                self.note(|w| {
+                    format!(
+                        "-- time moves on to an edge: {:.6} ms --",
+                        w.now as f64 / MS as f64
+                    )
+                });
             }
             Action::Begin(c) => {
                 self.set_time(c);
@@ -1199,8 +1316,17 @@ impl World {
     /// Every endpoint's log is read, not only those of the engine's own `written` mask
     /// that `owe` recorded: an endpoint the engine forgot it wrote to still owes.
     fn unsent_delete(&self) -> Option<String> {
-        let tokens: BTreeSet<(usize, &[u8])> =
-            self.owed.iter().map(|o| (o.client, &o.token[..])).collect();
+        self.unsent_delete_of(None)
+    }
+
+    /// [`World::unsent_delete`] for client `only`'s tokens (`None`: every client's).
+    fn unsent_delete_of(&self, only: Option<usize>) -> Option<String> {
+        let tokens: BTreeSet<(usize, &[u8])> = self
+            .owed
+            .iter()
+            .filter(|o| only.is_none_or(|c| c == o.client))
+            .map(|o| (o.client, &o.token[..]))
+            .collect();
         let every = tokens.into_iter().flat_map(|(client, token)| {
             (0..self.config.endpoints.len()).map(move |endpoint| Owed {
                 client,
@@ -1297,6 +1423,8 @@ impl World {
     fn hash_into(&self, h: &mut DefaultHasher) {
         (
             self.tick,
+            self.now,
+            self.edges_left,
             self.restarts_left,
             self.resets_left,
             self.restarted,
@@ -1346,6 +1474,107 @@ impl World {
         (self.reached, &self.violation).hash(h);
     }
 
+    /// Every validity window handed out so far: (client, from, until, fence), in global
+    /// nanoseconds.
+    #[allow(dead_code)] // tests/model.rs's, not tests/model_faults.rs's
+    pub fn windows(&self) -> Vec<(usize, u64, u64, Option<u64>)> {
+        self.windows
+            .values()
+            .map(|w| (w.client, w.from, w.until, w.fence))
+            .collect()
+    }
+
+    /// The whole state, every field rendered (`Debug`), for the explorer's test of the
+    /// fingerprints (`MODEL_CHECK_FINGERPRINTS=1`). Left out, each for its reason:
+    /// - the configuration and the clocks' offsets and rates: constant in a run;
+    /// - `log` (the replay's account): `None` when exploring;
+    /// - a client's `Net::local`: its clock's last reading, set anew from global time
+    ///   before every call into its engine;
+    /// - a node's `next_conn`, `commands`, `published` and `notices`: counters and a
+    ///   record of what ran, which no command the model sends reads; and its connection
+    ///   ids, numbered in the order the node accepted them: replaced by the connection's
+    ///   owner (client, endpoint, connection), as the fingerprint does.
+    ///
+    /// The engine is rendered by its own `Engine::fingerprint` (it has no `Debug`, and
+    /// `src/` is not the model's to change): a field that one leaves out is not caught
+    /// here. The round is rendered whole (`Debug`).
+    pub fn whole(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "tick {} now {} edges {} restarts {} resets {} restarted {}",
+            self.tick,
+            self.now,
+            self.edges_left,
+            self.restarts_left,
+            self.resets_left,
+            self.restarted
+        );
+        for (s, node) in self.servers.iter().enumerate() {
+            let label = |id: u64| {
+                for (c, cl) in self.clients.iter().enumerate() {
+                    let all = cl
+                        .net
+                        .conns
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(e, k)| k.as_ref().map(|k| (e, k)))
+                        .chain(cl.net.closed.iter().map(|(e, k)| (*e, k)));
+                    for (e, k) in all {
+                        if k.id
+                            .is_some_and(|i| format!("{i:?}") == format!("ConnId({id})"))
+                            && self.config.endpoints[e] == s
+                        {
+                            return format!("c{c}e{e}#{}", k.conn);
+                        }
+                    }
+                }
+                format!("unowned#{id}")
+            };
+            let _ = writeln!(
+                out,
+                "server {s}: {}",
+                node_whole(&format!("{node:?}"), label)
+            );
+        }
+        for (c, cl) in self.clients.iter().enumerate() {
+            let mut h = DefaultHasher::new();
+            cl.engine.fingerprint(&mut h);
+            let net = &cl.net;
+            let _ = writeln!(
+                out,
+                "client {c}: engine {:x} round {:?} res {} key {:?} token {:?} phase {:?} \
+                 fencing {:?} chase {} stage {:?} lock {:?} attempt {} refused {} base {}",
+                h.finish(),
+                cl.round,
+                cl.res,
+                cl.key,
+                cl.token,
+                cl.phase,
+                cl.fencing,
+                cl.chase,
+                cl.stage,
+                cl.lock,
+                cl.attempt,
+                cl.refused,
+                cl.buffered_base
+            );
+            let _ = writeln!(
+                out,
+                "  net: conns {:?} closed {:?} next {} log {:?} broken {:?} tokens {:?} \
+                 undeleted {:?}",
+                net.conns, net.closed, net.next_gen, net.log, net.broken, net.tokens, net.undeleted
+            );
+        }
+        let _ = writeln!(
+            out,
+            "windows {:?}\nobserved {:?}\nowed {:?}\nreached {} violation {:?}",
+            self.windows, self.observed, self.owed, self.reached, self.violation
+        );
+        out
+    }
+
     /// Replays `trace` from `config`'s initial state, with every step told.
     pub fn replay(config: Config, trace: &[Action]) -> Vec<String> {
         let mut w = World::new(config);
@@ -1375,9 +1604,11 @@ impl World {
     fn touch(&self, a: &Action) -> Touch {
         let server = |e: usize| self.config.endpoints[e];
         match *a {
-            Action::Tick | Action::Restart(_) | Action::Reset(..) | Action::RunClosed(..) => {
-                Touch::All
-            }
+            Action::Tick
+            | Action::Edge
+            | Action::Restart(_)
+            | Action::Reset(..)
+            | Action::RunClosed(..) => Touch::All,
             Action::Run(c, e) => Touch::Server { s: server(e), c, e },
             Action::Accept(c, e) => Touch::Client {
                 c,
@@ -1400,13 +1631,21 @@ impl crate::explore::Model for World {
         // once, or by its `stop` bits): actions stay enabled here, so that independence,
         // which the explorer may test on such a state's pairs, is not broken by the end.
         let g = self.global();
-        // Faults first: a depth-first search then reaches them early.
-        if self.restarts_left > 0 && self.windows.values().any(|w| w.until > g) {
-            for s in 0..self.servers.len() {
-                if self.config.restart_only.is_none_or(|only| only == s) {
-                    out.push(Action::Restart(s));
+        // Faults first while a lock is held (the restarts that can lose a key): a
+        // depth-first search then reaches them early. A restart at other times (before a
+        // round, it is a node that comes back young to the next one) comes last.
+        let restarts = |out: &mut Vec<Action>| {
+            if self.restarts_left > 0 {
+                for s in 0..self.servers.len() {
+                    if self.config.restart_only.is_none_or(|only| only == s) {
+                        out.push(Action::Restart(s));
+                    }
                 }
             }
+        };
+        let held = self.windows.values().any(|w| w.until > g);
+        if held {
+            restarts(out);
         }
         for (c, cl) in self.clients.iter().enumerate() {
             let local = cl.clock.local(g);
@@ -1458,15 +1697,20 @@ impl crate::explore::Model for World {
         // Time moves on only while something is left to happen (and, when urgent, once
         // nothing is in flight).
         let busy = self.clients.iter().any(|cl| cl.stage != Stage::Done);
-        let late = |c: usize, e: usize| self.config.late == Some((c, e));
+        let late = |c: usize, e: usize| self.config.late.contains(&(c, e));
         let quiet = !self.config.urgent
             || !out.iter().any(|a| match *a {
                 Action::Run(c, e) | Action::Deliver(c, e) => !late(c, e),
                 Action::Accept(..) | Action::RunClosed(..) => true,
                 _ => false,
             });
-        if self.tick < self.config.ticks && busy && quiet {
-            out.push(Action::Tick);
+        if busy && quiet {
+            if self.next_edge().is_some() {
+                out.push(Action::Edge);
+            }
+            if self.tick < self.config.ticks {
+                out.push(Action::Tick);
+            }
         }
         for (c, cl) in self.clients.iter().enumerate() {
             match cl.stage {
@@ -1476,6 +1720,9 @@ impl crate::explore::Model for World {
                 Stage::Holding => out.push(Action::Unlock(c)),
                 _ => {}
             }
+        }
+        if !held {
+            restarts(out);
         }
     }
 
@@ -1517,6 +1764,10 @@ impl crate::explore::Model for World {
         let mut a = DefaultHasher::new();
         self.hash_into(&mut a);
         a.finish()
+    }
+
+    fn full_state(&self) -> String {
+        self.whole()
     }
 
     fn violation(&self) -> Option<String> {
@@ -1675,4 +1926,63 @@ pub fn show(bytes: &[u8]) -> String {
         }
     }
     out.join(" ")
+}
+
+/// A node's `Debug` rendering without its counters and records of what ran (`next_conn`,
+/// `commands`, `published`, `notices`), its connections renamed by `label` (from their
+/// ids) and sorted by it: see [`World::whole`].
+fn node_whole(debug: &str, label: impl Fn(u64) -> String) -> String {
+    // The field `name: value` at the top level of the struct, as (start, end) of the
+    // whole `name: value` text.
+    let field = |name: &str| -> Option<(usize, usize)> {
+        let start = debug.find(&format!(", {name}: "))?;
+        let from = start + name.len() + 4;
+        let mut depth = 0i32;
+        for (i, ch) in debug[from..].char_indices() {
+            match ch {
+                '[' | '{' | '(' => depth += 1,
+                ']' | '}' | ')' if depth > 0 => depth -= 1,
+                ',' | '}' if depth == 0 => return Some((start, from + i)),
+                _ => {}
+            }
+        }
+        None
+    };
+    let mut out = debug.to_string();
+    // From the last field to the first, so that earlier positions stay valid.
+    let mut cuts: Vec<(usize, usize, String)> = Vec::new();
+    for name in ["next_conn", "commands", "published", "notices"] {
+        let (a, b) = field(name).unwrap_or_else(|| panic!("a node without {name}: {debug}"));
+        cuts.push((a, b, String::new()));
+    }
+    let (a, b) = field("conns").expect("a node's connections");
+    let map = &debug[a + ", conns: {".len()..b - 1];
+    let mut entries: Vec<String> = Vec::new();
+    let (mut depth, mut begin) = (0i32, 0usize);
+    let mut push = |text: &str| {
+        let text = text.trim();
+        if let Some((id, rest)) = text.split_once(": ") {
+            let id: u64 = id.parse().expect("a connection id");
+            entries.push(format!("{}: {rest}", label(id)));
+        }
+    };
+    for (i, ch) in map.char_indices() {
+        match ch {
+            '[' | '{' | '(' => depth += 1,
+            ']' | '}' | ')' => depth -= 1,
+            ',' if depth == 0 => {
+                push(&map[begin..i]);
+                begin = i + 1;
+            }
+            _ => {}
+        }
+    }
+    push(&map[begin..]);
+    entries.sort();
+    cuts.push((a, b, format!(", conns: {{{}}}", entries.join(", "))));
+    cuts.sort_by_key(|c| std::cmp::Reverse(c.0));
+    for (a, b, with) in cuts {
+        out.replace_range(a..b, &with);
+    }
+    out
 }
