@@ -820,13 +820,26 @@ impl World {
         self.act_on(action);
         // Every compare-and-delete owed, judged as soon as it can be: once a client is
         // idle or done (no round of its own), with nothing left unwritten, it has written
-        // every delete it ever will.
-        for c in 0..self.clients.len() {
-            let cl = &mut self.clients[c];
-            if matches!(cl.stage, Stage::Idle(_) | Stage::Done) && !cl.engine.writes_pending() {
-                if let Some(v) = self.unsent_delete_of(Some(c)) {
-                    self.fail(v);
-                }
+        // every delete it ever will. Only the acting client's writes, stage and records
+        // can have changed (time, a restart or another client's action touch none of
+        // them; a broken connection only excuses), so judging it alone judges every
+        // state.
+        let c = match *action {
+            Action::Tick | Action::Edge | Action::Restart(_) => return,
+            Action::Begin(c)
+            | Action::Unlock(c)
+            | Action::Timeout(c)
+            | Action::ReleaseHeld(c)
+            | Action::Accept(c, _)
+            | Action::Run(c, _)
+            | Action::RunClosed(c, _)
+            | Action::Deliver(c, _)
+            | Action::Reset(c, _) => c,
+        };
+        let cl = &mut self.clients[c];
+        if matches!(cl.stage, Stage::Idle(_) | Stage::Done) && !cl.engine.writes_pending() {
+            if let Some(v) = self.unsent_delete_of(Some(c)) {
+                self.fail(v);
             }
         }
     }
@@ -1420,6 +1433,26 @@ impl World {
         }
     }
 
+    /// Who owns server `s`'s connection that `is` picks: (client, endpoint, the
+    /// client's connection number), open or closed by the client.
+    fn owner(&self, s: usize, is: impl Fn(ConnId) -> bool) -> Option<(usize, usize, u32)> {
+        for (c, cl) in self.clients.iter().enumerate() {
+            let all = cl
+                .net
+                .conns
+                .iter()
+                .enumerate()
+                .filter_map(|(e, k)| k.as_ref().map(|k| (e, k)))
+                .chain(cl.net.closed.iter().map(|(e, k)| (*e, k)));
+            for (e, k) in all {
+                if k.id.is_some_and(&is) && self.config.endpoints[e] == s {
+                    return Some((c, e, k.conn));
+                }
+            }
+        }
+        None
+    }
+
     fn hash_into(&self, h: &mut DefaultHasher) {
         (
             self.tick,
@@ -1433,21 +1466,9 @@ impl World {
         for (s, node) in self.servers.iter().enumerate() {
             // Connections by owner: (client, endpoint, conn).
             let label = |id: ConnId| {
-                for (c, cl) in self.clients.iter().enumerate() {
-                    let all = cl
-                        .net
-                        .conns
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(e, k)| k.as_ref().map(|k| (e, k)))
-                        .chain(cl.net.closed.iter().map(|(e, k)| (*e, k)));
-                    for (e, k) in all {
-                        if k.id == Some(id) && self.config.endpoints[e] == s {
-                            return ((c as u64) << 40) | ((e as u64) << 32) | u64::from(k.conn);
-                        }
-                    }
-                }
-                u64::MAX
+                self.owner(s, |i| i == id).map_or(u64::MAX, |(c, e, conn)| {
+                    ((c as u64) << 40) | ((e as u64) << 32) | u64::from(conn)
+                })
             };
             node.fingerprint(h, label);
         }
@@ -1513,24 +1534,12 @@ impl World {
         );
         for (s, node) in self.servers.iter().enumerate() {
             let label = |id: u64| {
-                for (c, cl) in self.clients.iter().enumerate() {
-                    let all = cl
-                        .net
-                        .conns
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(e, k)| k.as_ref().map(|k| (e, k)))
-                        .chain(cl.net.closed.iter().map(|(e, k)| (*e, k)));
-                    for (e, k) in all {
-                        if k.id
-                            .is_some_and(|i| format!("{i:?}") == format!("ConnId({id})"))
-                            && self.config.endpoints[e] == s
-                        {
-                            return format!("c{c}e{e}#{}", k.conn);
-                        }
-                    }
-                }
-                format!("unowned#{id}")
+                // The node's `Debug` shows a connection as `ConnId(<n>)`.
+                let shown = format!("ConnId({id})");
+                self.owner(s, |i| format!("{i:?}") == shown)
+                    .map_or(format!("unowned#{id}"), |(c, e, conn)| {
+                        format!("c{c}e{e}#{conn}")
+                    })
             };
             let _ = writeln!(
                 out,
