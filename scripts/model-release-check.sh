@@ -2,7 +2,7 @@
 # Before each release (README, "The model checker"): CI's model set (scripts/test.sh's
 # model step) with the explorer's own claims tested everywhere, which CI only samples or
 # leaves out for time: the independence relation the sleep sets rest on, on every state
-# (MODEL_CHECK_INDEPENDENCE=1; CI: one state in 16), and the fingerprints, on every
+# (MODEL_CHECK_INDEPENDENCE=1; CI: one state in 64), and the fingerprints, on every
 # transition (MODEL_CHECK_FINGERPRINTS=1: two different whole states with one fingerprint
 # fail; CI: one configuration). Several times CI's time.
 set -euo pipefail

@@ -363,9 +363,10 @@ impl Session {
         use std::hash::Hash;
         (self.state as u8, self.generation, &self.outbox[..]).hash(h);
         self.inbox[self.head..self.tail].hash(h);
-        debug_hash(h, &self.progress);
+        self.progress.hash(h);
         for e in self.pending.iter() {
-            debug_hash(h, e);
+            (e.round, e.slot, e.sent_at).hash(h);
+            debug_hash(h, &e.kind);
         }
         (self.backoff, self.retry_at, self.connect_started).hash(h);
         debug_hash(h, &self.down);

@@ -200,7 +200,9 @@ pub fn decode<'a>(
 /// - `pos` is an element boundary of the outer array; `remaining[..=top]` are the
 ///   elements still to read there at each nesting level, as the parser left them.
 /// - `clean` bytes after the type byte at `pos` are known to hold no CR or LF.
-#[derive(Clone, Debug)]
+///
+/// `Hash` is for the model checker's state fingerprints (`Session::fingerprint`).
+#[derive(Clone, Debug, Hash)]
 pub struct Progress {
     /// An array is in progress (`len`, `body_start`, `top`, `remaining` are valid).
     in_array: bool,
