@@ -216,3 +216,41 @@ impl FencedStore {
         true
     }
 }
+
+/// A lease keeps its acquire's fence through its extends; the next holder's is larger.
+#[test]
+fn a_lease_keeps_its_fence_through_extends_and_the_next_holder_gets_a_larger_one() {
+    let cluster = Cluster::start(3);
+    let build = |fencing: bool| {
+        Redlock::builder()
+            .nodes(cluster.urls())
+            .node_timeout(Duration::from_millis(200))
+            .fencing(fencing)
+            .build_shared()
+            .expect("valid configuration")
+    };
+    let shared = build(true);
+    // 3 s: extended every second. An extend shows as the key's ttl rising again.
+    let lease = shared
+        .blocking_lease("fence:lease", Duration::from_secs(3))
+        .expect("lease");
+    let fence = lease.fence().expect("fencing is on");
+    let ttl_of = |n: usize| cluster.node(n).admin().pttl(b"fence:lease");
+    assert!(wait_until(Duration::from_secs(15), || ttl_of(0) < 2_500));
+    assert!(
+        wait_until(Duration::from_secs(15), || ttl_of(0) > 2_600),
+        "the lease was never extended"
+    );
+    assert!(!lease.is_lost());
+    assert_eq!(lease.fence(), Some(fence), "an extend changed the fence");
+    lease.blocking_release().expect("release");
+    let next = shared
+        .blocking_lease("fence:lease", Duration::from_secs(3))
+        .expect("lease");
+    assert!(next.fence().expect("fenced") > fence);
+    next.blocking_release().expect("release");
+    let plain = build(false)
+        .blocking_lease("fence:lease:plain", Duration::from_secs(1))
+        .expect("lease");
+    assert_eq!(plain.fence(), None);
+}

@@ -1030,7 +1030,12 @@ impl EventLoop {
     // ---- leases ----
 
     fn start_lease(&mut self, call: Arc<Call>, lock: Lock, ttl: Duration) {
-        let shared = LeaseShared::new(lock.resource(), lock.token_value(), lock.deadline());
+        let shared = LeaseShared::new(
+            lock.resource(),
+            lock.token_value(),
+            lock.fence(),
+            lock.deadline(),
+        );
         let hold_until = self
             .rl
             .settings

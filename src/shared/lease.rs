@@ -103,6 +103,8 @@ pub fn renewal(
 pub(crate) struct LeaseShared {
     resource: Box<[u8]>,
     token: Token,
+    /// The fence of the acquire, kept for the lease's whole life (extends do not change it).
+    fence: Option<u64>,
     state: Mutex<LeaseState>,
     changed: Condvar,
 }
@@ -121,10 +123,16 @@ pub(crate) struct LeaseState {
 }
 
 impl LeaseShared {
-    pub fn new(resource: &[u8], token: Token, deadline: Instant) -> Arc<LeaseShared> {
+    pub fn new(
+        resource: &[u8],
+        token: Token,
+        fence: Option<u64>,
+        deadline: Instant,
+    ) -> Arc<LeaseShared> {
         Arc::new(LeaseShared {
             resource: resource.into(),
             token,
+            fence,
             state: Mutex::new(LeaseState {
                 deadline,
                 lost: false,
@@ -228,6 +236,25 @@ impl Lease {
     /// The random value stored on the nodes (a credential: do not log it).
     pub fn token(&self) -> &[u8] {
         self.shared.token.as_bytes()
+    }
+
+    /// The fencing token of the acquire, `None` exactly when fencing is off
+    /// ([`Builder::fencing`](crate::Builder::fencing)); the lease keeps it for its whole
+    /// life, through every extend. Pass it with every write the lease protects, to a
+    /// store that refuses a fence below the largest it has seen (`src/fencing.rs`'s
+    /// guarantee: a later holder's fence is strictly larger).
+    ///
+    /// ```no_run
+    /// # async fn f(shared: quorumlock::SharedRedlock) -> Result<(), quorumlock::Error> {
+    /// let lease = shared.lease("ledger", std::time::Duration::from_secs(10)).await?;
+    /// let fence = lease.fence().expect("built with .fencing(true)");
+    /// // storage.write_if_fence_at_least(fence, ...)
+    /// # let _ = fence;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn fence(&self) -> Option<u64> {
+        self.shared.fence
     }
 
     /// The validity left in the current term: the time until the local deadline of the
