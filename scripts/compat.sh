@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The compatibility matrix (README, "Compatibility"): runs tests/compat.rs, and the
+# The compatibility matrix (docs/COMPATIBILITY.md): runs tests/compat.rs, and the
 # server-identity and cluster-slot scenarios (tests/identity.rs, tests/cluster_slots.rs),
 # once per server
 # (Debian's redis-server, and each one scripts/ensure-servers.sh installed), naming the

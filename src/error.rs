@@ -407,7 +407,7 @@ pub enum NodeError {
     /// (Garnet without `--lua`), `EVAL` is unknown (renamed away) or forbidden to the
     /// user (an ACL). Such a node can take a plain lock but never release or extend
     /// it: enable scripting. (Garnet also needs `--lua-transaction-mode`, or a
-    /// compare-and-delete is not atomic there: see the README's compatibility notes.)
+    /// compare-and-delete is not atomic there: see `docs/COMPATIBILITY.md`.)
     ScriptingOff(String),
     /// Too much unsent data queued for a node that does not read.
     Backlog,

@@ -60,7 +60,7 @@
 //! Mutual exclusion holds while the lock is valid ([`Lock::is_valid`]), assuming clocks
 //! on the client and the nodes run at nearly the same rate (the drift allowance covers
 //! `drift_factor × ttl + 2 ms`), and that a node that restarts without persistence stays
-//! away for at least the longest ttl in use. See the README for the details.
+//! away for at least the longest ttl in use. See `docs/GUARANTEES.md` for the details.
 
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -47,7 +47,7 @@
 //! - **Zero cost when unset**: without an observer nothing is recorded and no clock is
 //!   read for it (the hot path pays a test of an `Option` per wait). With one, events
 //!   borrow the client's own state and allocate nothing; each batch of replies costs a
-//!   few bit operations and at most one more clock reading (the README's "Observing"
+//!   few bit operations and at most one more clock reading (`docs/OBSERVING.md`
 //!   gives the count per lock and unlock).
 //!
 //! # Where observers run, and what they must not do

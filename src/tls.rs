@@ -97,7 +97,7 @@ impl std::fmt::Debug for TlsConfig {
     }
 }
 
-/// The crypto provider: ring (see the README's TLS section for why).
+/// The crypto provider: ring (see `docs/TLS.md`, "Why ring").
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }

@@ -1,5 +1,5 @@
 //! The compatibility suite: one short scenario per feature, run against every server of
-//! the matrix (README, "Compatibility"). `scripts/compat.sh` runs this binary once per
+//! the matrix (`docs/COMPATIBILITY.md`). `scripts/compat.sh` runs this binary once per
 //! server, naming the binary in `QUORUMLOCK_TEST_SERVER` (see `tests/common/mod.rs`), and
 //! prints a table of server × test; a plain `cargo test` does not run it (Cargo.toml,
 //! `test = false`): against Debian's `redis-server` the other test files cover all of it.

@@ -30,7 +30,7 @@
 //!   attempt, or late replies elsewhere. Less bounded (every reply free to wait, client
 //!   0's fence not yet confirmed when client 1 may begin), it is in `large()` and did not
 //!   finish here (past 9 million transitions in 213 s). On the old fence write-back CI's
-//!   bound finds a later holder with an equal fence (README, "The model checker").
+//!   bound finds a later holder with an equal fence (`docs/MODEL-CHECKING.md`, "Issue 24").
 //! - The guard-on restart is explored whole from client 0 holding (a restart of server 0
 //!   at any point after); from an empty world (either client may win first), only in
 //!   `large()` and in the caught-fault test (a search).
@@ -71,7 +71,7 @@ pub fn small() -> Vec<Config> {
         // read late on the three connections its trace needs late (client 0's to
         // servers 0 and 2, client 1's to server 0), every continuation of its opening.
         // On the old fence write-back (3a9e77b) this finds a later holder with an equal
-        // fence (README, "The model checker").
+        // fence (`docs/MODEL-CHECKING.md`, "Issue 24").
         Config {
             attempts: 1,
             fencing: true,

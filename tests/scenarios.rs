@@ -1,10 +1,10 @@
-//! Scenarios for what the README promises: each starts real `redis-server` nodes, injects
-//! one fault (SIGSTOP/SIGCONT, SIGKILL + restart, a delaying proxy, a misbehaving fake
-//! node) and asserts the outcome.
+//! Scenarios for what `docs/GUARANTEES.md` promises: each starts real `redis-server`
+//! nodes, injects one fault (SIGSTOP/SIGCONT, SIGKILL + restart, a delaying proxy, a
+//! misbehaving fake node) and asserts the outcome.
 //!
-//! - [`unsafe_restart_gives_two_holders_and_the_checker_sees_it`]: the danger the README
-//!   describes (a node restarted at once without persistence) really yields two holders,
-//!   and the overlap checker the torture test uses reports it.
+//! - [`unsafe_restart_gives_two_holders_and_the_checker_sees_it`]: the danger
+//!   `docs/GUARANTEES.md` describes (a node restarted at once without persistence)
+//!   really yields two holders, and the overlap checker the torture test uses reports it.
 //! - The same restart with the restart guard on gives no second holder
 //!   ([`the_restart_guard_keeps_a_restarted_node_from_granting_a_second_holder`]).
 //! - A TCP proxy in front of node 0, listed as a sixth node, never adds a vote, for
@@ -80,8 +80,9 @@ fn get(cluster: &Cluster, i: usize, key: &str) -> Option<Vec<u8>> {
 
 /// A lock held on exactly 3 of 5 nodes (the other 2 frozen during the acquire), one of the
 /// 3 killed and restarted at once with no persistence, the 2 thawed: a second client wins
-/// a majority while the first is still valid. This is the danger the README's "delayed
-/// restart" rule prevents; the checker must report the two overlapping windows.
+/// a majority while the first is still valid. This is the danger the "delayed restart"
+/// rule (`docs/GUARANTEES.md`; the README's "Operating rules") prevents; the checker must
+/// report the two overlapping windows.
 #[test]
 fn unsafe_restart_gives_two_holders_and_the_checker_sees_it() {
     const KEY: &str = "scenario:unsafe-restart";

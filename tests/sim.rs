@@ -221,7 +221,7 @@ fn restart_seeds() -> std::ops::Range<u64> {
     }
 }
 
-/// The unsafe restart the README warns of: a node restarts empty at once while a lock
+/// The unsafe restart `docs/GUARANTEES.md` warns of: a node restarts empty at once while a lock
 /// lives on a bare majority. The simulator must be able to show two holders at once.
 #[test]
 fn unsafe_restart() {

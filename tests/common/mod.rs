@@ -63,7 +63,7 @@ fn find_executable(name: &str) -> Option<PathBuf> {
 
 /// The environment variable that names the server binary the tests start instead of
 /// Debian's `redis-server` (a path, e.g. `.servers/valkey-9.1/valkey-server`): the
-/// compatibility matrix (`scripts/compat.sh`, README "Compatibility").
+/// compatibility matrix (`scripts/compat.sh`, `docs/COMPATIBILITY.md`).
 pub const SERVER_VAR: &str = "QUORUMLOCK_TEST_SERVER";
 
 /// Path of the server binary: `$QUORUMLOCK_TEST_SERVER` when set, else `redis-server`
@@ -87,7 +87,7 @@ pub fn redis_server_path() -> PathBuf {
     .unwrap_or_else(|| {
         panic!(
             "redis-server not found: run `apt-get install -y redis-server` \
-             or the README test command"
+             or scripts/test.sh"
         )
     })
 }

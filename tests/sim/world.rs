@@ -21,7 +21,7 @@
 //!   kernel still accepts connections and buffers bytes), resets (both sides see the
 //!   connection close, bytes in flight are lost), restarts that lose every key and the
 //!   script cache. In [`Mode::Safe`] a restarted node stays down (connections refused)
-//!   for longer than any ttl, the README's delayed restart; in [`Mode::UnsafeRestart`] a
+//!   for longer than any ttl, the delayed restart of `docs/GUARANTEES.md`; in [`Mode::UnsafeRestart`] a
 //!   node that holds a live lock's key, on a bare majority, restarts empty at once.
 //! - Clients: acquire (up to [`MAX_ATTEMPTS`] attempts, 1 to 5 ms apart), hold, then
 //!   extend, unlock, or abandon the lock to expire (a client that crashed in its critical
