@@ -49,7 +49,19 @@ fn help_and_version_go_to_stdout_with_status_0() {
         "(default 2s",
         "--ttl DURATION",
         "(default 30s)",
-        "--wait DURATION",
+        "-w, --wait SECONDS",
+        "-n, --nonblock",
+        "-E, --conflict-exit-code N",
+        "(default 75)",
+        "--node-timeout DURATION",
+        "(default 200ms)",
+        "--fencing",
+        "--restart-guard DURATION",
+        "--nodes-file PATH",
+        "QUORUMLOCK_FENCE",
+        "QUORUMLOCK_TOKEN_PREFIX",
+        "QUORUMLOCK_RESOURCE",
+        "RFC 3339",
         "QUORUMLOCK_NODES",
         "EXIT STATUS",
         "75",
@@ -57,7 +69,7 @@ fn help_and_version_go_to_stdout_with_status_0() {
         "70",
         "64",
         "127",
-        "kill-after + timeout + (kill-after + timeout) / 4",
+        "kill-after + node-timeout + (kill-after + node-timeout) / 4",
         "EXAMPLE",
     ] {
         assert!(help.contains(needle), "--help lacks {needle:?}:\n{help}");
@@ -93,7 +105,8 @@ fn every_kind_of_bad_argument_is_a_usage_error_before_anything_runs() {
         vec!["try", "x", "--ttl", "10q"],                       // bad unit
         vec!["try", "x", "--ttl", "0"],                         // zero ttl
         vec!["try", "x", "--ttl", "99999999999999999999h"],     // overflow
-        vec!["try", "x", "--timeout", "0s"],                    // zero timeout
+        vec!["try", "x", "--node-timeout", "0s"],               // zero node timeout
+        vec!["try", "x", "--timeout", "1"],                     // the old flag
         vec!["try", "x", "--", "sh"],                           // a command for try
         vec!["try", "x", "--count", "3"],                       // bench's option
         vec!["run", "x", "sh", "-c", "true"],                   // no --
@@ -351,8 +364,8 @@ fn wait_gives_up_with_75_or_gets_the_lock_when_the_holder_releases() {
     let out = run("300ms").output().unwrap();
     assert_eq!(out.status.code(), Some(75), "{}", show(&out));
     assert!(!marker.exists());
-    // Without --wait: one attempt.
-    let out = cli_common::run(&nodes, "cli:wait", &["true"])
+    // With -n: one attempt.
+    let out = quorumlock(&nodes, &["-n", "run", "cli:wait", "--", "true"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(75), "{}", show(&out));

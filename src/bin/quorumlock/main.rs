@@ -27,13 +27,14 @@ pub const EX_UNAVAILABLE: u8 = 69;
 pub const EX_LOST: u8 = 70;
 /// The operating system refused a fork, a pipe or a signal handler (`EX_OSERR`).
 pub const EX_OSERR: u8 = 71;
-/// Held by another client (`EX_TEMPFAIL`).
-pub const EX_TEMPFAIL: u8 = 75;
+/// Held by another client (`EX_TEMPFAIL`), unless `-E` says otherwise.
+pub const EX_TEMPFAIL: u8 = args::DEFAULT_CONFLICT_CODE;
 
-/// The exit code for a failed lock call.
-pub fn failure_code(e: &Error) -> u8 {
+/// The exit code for a failed lock call; `conflict` when the lock is held by another
+/// client (`-E`, by default [`EX_TEMPFAIL`]).
+pub fn failure_code(e: &Error, conflict: u8) -> u8 {
     match e {
-        Error::Taken(_) => EX_TEMPFAIL,
+        Error::Taken(_) => conflict,
         Error::Unavailable(_) | Error::Expired(_) => EX_UNAVAILABLE,
         Error::InvalidArgument(_) | Error::Config(_) => EX_USAGE,
         _ => EX_OSERR,
@@ -69,7 +70,9 @@ fn main() -> ExitCode {
     };
     let builder = Redlock::builder()
         .nodes(&args.nodes)
-        .node_timeout(args.timeout)
+        .node_timeout(args.node_timeout)
+        .fencing(args.fencing)
+        .restart_guard(args.restart_guard)
         .retry_count(args.retries)
         .retry_delay(args.retry_delay)
         .retry_jitter(args.retry_delay / 2);
@@ -88,14 +91,14 @@ fn main() -> ExitCode {
             if let Err(msg) = run::check_rule(
                 args.ttl,
                 args.kill_after,
-                args.timeout,
+                args.node_timeout,
                 settings.drift_factor,
             ) {
                 return usage_error(&msg);
             }
             run::run(&args, builder, resource, command)
         }
-        Action::Try { resource } => probe::try_once(builder, resource, args.ttl),
+        Action::Try { resource } => probe::try_once(builder, resource, &args),
         Action::Status { resource } => probe::status(&settings, resource),
         Action::Bench => probe::bench(builder, &args),
     };

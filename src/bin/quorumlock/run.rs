@@ -22,10 +22,10 @@
 //! killed the command. A pause of the whole machine, or of both processes (a cgroup
 //! freeze), is beyond it.
 
-use crate::args::{Args, show};
+use crate::args::{Args, Wait, show};
 use crate::sys::{self, Signals, Watchdog};
 use crate::{EX_LOST, EX_OSERR, failure_code};
-use quorumlock::{Lease, SharedRedlock};
+use quorumlock::{Error, Lease, SharedRedlock};
 use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll};
@@ -58,14 +58,33 @@ pub fn check_rule(
     if ttl > kill_after && healthy_low >= s.saturating_mul(3) / 2 {
         return Ok(());
     }
+    // Every way out, each with a value that works with the other two settings as given
+    // (by the 3 x rule, which always suffices).
+    let third = ttl / 3;
+    let mut ways = vec![format!(
+        "a longer --ttl ({} or more: 3 x (kill-after + node-timeout))",
+        show(s.saturating_mul(3))
+    )];
+    if third > timeout {
+        ways.push(format!(
+            "a shorter --kill-after ({} or less)",
+            show(third - timeout)
+        ));
+    }
+    if third > kill_after {
+        ways.push(format!(
+            "a shorter --node-timeout ({} or less)",
+            show(third - kill_after)
+        ));
+    }
     Err(format!(
-        "--ttl {} is too short for --kill-after {} and --timeout {}: the command would be \
-         stopped with the lock healthy, or killed after the lock expired; use --ttl {} or more \
-         (3 x (kill-after + timeout)), or see the stop rule in --help",
+        "--ttl {} is too short for --kill-after {} and --node-timeout {}: the command would \
+         be stopped with the lock healthy, or killed after the lock expired; use {} (see the \
+         stop rule in --help)",
         show(ttl),
         show(kill_after),
         show(timeout),
-        show(s.saturating_mul(3)),
+        ways.join(", or "),
     ))
 }
 
@@ -99,11 +118,26 @@ pub fn run(args: &Args, builder: quorumlock::Builder, resource: &str, command: &
         Ok(shared) => with_client(args, &shared, &signals, &mut watchdog, resource, command),
         Err(e) => {
             eprintln!("quorumlock: {e}");
-            failure_code(&e)
+            failure_code(&e, args.conflict_code)
         }
     };
     watchdog.disarm();
     code
+}
+
+/// What the command finds in its environment about its lock: `QUORUMLOCK_RESOURCE`,
+/// `QUORUMLOCK_TOKEN_PREFIX` (the token's first 8 characters, as logs and `Debug`
+/// show it: the whole token is a credential and never leaves this process) and
+/// `QUORUMLOCK_FENCE` when fenced. `None` removes a variable: a `QUORUMLOCK_FENCE` the
+/// command would inherit from an outer `quorumlock run` is not this lock's.
+fn child_env(resource: &str, lease: &Lease) -> Vec<(&'static str, Option<String>)> {
+    let token = lease.token();
+    let prefix = String::from_utf8_lossy(&token[..token.len().min(8)]).into_owned();
+    vec![
+        ("QUORUMLOCK_RESOURCE", Some(resource.to_string())),
+        ("QUORUMLOCK_TOKEN_PREFIX", Some(prefix)),
+        ("QUORUMLOCK_FENCE", lease.fence().map(|f| f.to_string())),
+    ]
 }
 
 fn os_error(e: &std::io::Error) -> u8 {
@@ -124,9 +158,9 @@ fn with_client(
         Err(code) => return code,
     };
     // The backstop is set before anything of the command runs.
-    let rule = Rule::new(args.kill_after, args.timeout);
+    let rule = Rule::new(args.kill_after, args.node_timeout);
     watchdog.kill_by(Some(rule.backstop(Instant::now() + lease.remaining())));
-    let pid = match sys::spawn(command, watchdog) {
+    let pid = match sys::spawn(command, &child_env(resource, &lease), watchdog) {
         Ok(pid) => pid,
         Err(e) => {
             eprintln!("quorumlock: cannot run {:?}: {e}", command[0]);
@@ -148,8 +182,15 @@ fn with_client(
     code
 }
 
-/// Acquires the lease, giving up (128 + n) if a forwarded signal arrives meanwhile: the
-/// dropped acquisition is released in the background by the client.
+/// Acquires the lease as `-n` / `-w` / the default ask, giving up (128 + n) if a
+/// forwarded signal arrives meanwhile: the dropped acquisition is released in the
+/// background by the client.
+///
+/// The first attempt decides whether there is anything to wait for: only a lock held
+/// by another client is waited for (with the library's waiting path, woken by the
+/// holder's release notice); a first attempt that finds too few nodes answering fails
+/// at once (69), since a wrong `--nodes` is not something waiting cures. Once waiting,
+/// nodes that stop answering are retried until the wait ends.
 fn acquire(
     args: &Args,
     shared: &SharedRedlock,
@@ -158,14 +199,24 @@ fn acquire(
 ) -> Result<Lease, u8> {
     let waker = signals.waker();
     let mut cx = Context::from_waker(&waker);
-    let result = if args.wait.is_zero() {
-        block_on(shared.lease(resource, args.ttl), signals, &mut cx)
-    } else {
-        block_on(
-            shared.lease_within(resource, args.ttl, args.wait),
+    let start = Instant::now();
+    let first = block_on(shared.lease(resource, args.ttl), signals, &mut cx);
+    let result = match (first, args.wait) {
+        (Ok(Err(Error::Taken(_))), Wait::Within(wait)) => {
+            // The bound counts from the start: the first attempt's time is part of it.
+            let left = wait.saturating_sub(start.elapsed());
+            block_on(
+                shared.lease_within(resource, args.ttl, left),
+                signals,
+                &mut cx,
+            )
+        }
+        (Ok(Err(Error::Taken(_))), Wait::Forever) => block_on(
+            shared.lease_within(resource, args.ttl, Duration::MAX),
             signals,
             &mut cx,
-        )
+        ),
+        (first, _) => first,
     };
     match result {
         Err(sig) => {
@@ -173,8 +224,15 @@ fn acquire(
             Err(128 + sig as u8)
         }
         Ok(Err(e)) => {
-            eprintln!("quorumlock: {e}");
-            Err(failure_code(&e))
+            match (&e, args.wait) {
+                (Error::Taken(_), Wait::Within(wait)) => eprintln!(
+                    "quorumlock: {e}; gave up after {} (-w {})",
+                    show(start.elapsed()),
+                    show(wait)
+                ),
+                _ => eprintln!("quorumlock: {e}"),
+            }
+            Err(failure_code(&e, args.conflict_code))
         }
         Ok(Ok(lease)) => Ok(lease),
     }
@@ -414,6 +472,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_ttl_too_short_names_every_way_out_with_values_that_work() {
+        let (ttl, k, t) = (6000 * MS, 2000 * MS, 1000 * MS);
+        let e = check_rule(ttl, k, t, 0.01).unwrap_err();
+        for needle in [
+            "a longer --ttl (9s or more",
+            "a shorter --kill-after (1s or less)",
+            "a shorter --node-timeout (0ms or less)",
+        ] {
+            if needle.contains("0ms") {
+                // ttl/3 = kill-after: no node timeout would do; not offered.
+                assert!(!e.contains("--node-timeout ("), "{e}");
+            } else {
+                assert!(e.contains(needle), "{needle:?} in {e}");
+            }
+        }
+        assert!(check_rule(9000 * MS, k, t, 0.01).is_ok());
+        assert!(check_rule(ttl, 1000 * MS, t, 0.01).is_ok());
+        let e = check_rule(ttl, 1500 * MS, 1500 * MS, 0.01).unwrap_err();
+        assert!(e.contains("--kill-after (500ms or less)"), "{e}");
+        assert!(e.contains("--node-timeout (500ms or less)"), "{e}");
+        assert!(check_rule(ttl, 1500 * MS, 500 * MS, 0.01).is_ok());
+        assert!(check_rule(ttl, 500 * MS, 1500 * MS, 0.01).is_ok());
     }
 
     #[test]

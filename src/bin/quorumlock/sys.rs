@@ -200,10 +200,21 @@ pub fn become_subreaper() {
 
 /// Starts `argv` in a new process group of its own (its pgid is its pid), with SIGKILL
 /// as its parent-death signal, the job-control stops as quorumlock found them, and
-/// `watchdog` armed with its group before it execs. Returns its pid.
-pub fn spawn(argv: &[String], watchdog: &Watchdog) -> io::Result<u32> {
+/// `watchdog` armed with its group before it execs; `env` set (`Some`) or removed
+/// (`None`) in its environment. Returns its pid.
+pub fn spawn(
+    argv: &[String],
+    env: &[(&str, Option<String>)],
+    watchdog: &Watchdog,
+) -> io::Result<u32> {
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).process_group(0);
+    for (name, value) in env {
+        match value {
+            Some(v) => cmd.env(name, v),
+            None => cmd.env_remove(name),
+        };
+    }
     let parent = std::process::id() as libc::pid_t;
     let arm = watchdog.write.as_ref().map(AsRawFd::as_raw_fd);
     // SAFETY: the closure runs in the child between fork and exec and only makes
