@@ -64,6 +64,22 @@ fn after_an_extend(cluster: &common::Cluster, key: &str, ttl: Duration) -> Insta
     read_at + Duration::from_millis(pttl as u64) - drift
 }
 
+/// Whether `s` starts with an RFC 3339 UTC time with milliseconds
+/// (`2026-01-31T12:00:00.123Z`) of this century.
+fn is_rfc3339(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() >= 24
+        && s.starts_with("20")
+        && b[..24].iter().enumerate().all(|(i, &c)| match i {
+            4 | 7 => c == b'-',
+            10 => c == b'T',
+            13 | 16 => c == b':',
+            19 => c == b'.',
+            23 => c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
+}
+
 /// Waits (up to 30 s) until the command and its background child are gone (or zombies);
 /// whether they went.
 fn family_gone(child: u32, grandchild: u32) -> bool {
@@ -152,6 +168,29 @@ fn a_frozen_majority_stops_the_whole_group_before_the_validity_deadline() {
     let (code, err) = run.finish(Duration::from_secs(30));
     assert_eq!(code, Some(70), "{err}");
     assert!(err.contains("stopping the command"), "{err}");
+    // Why, and since when: the frozen nodes' renewals failing, the others renewing,
+    // each line of the report stamped in RFC 3339 UTC.
+    let first = err
+        .lines()
+        .find(|l| l.contains("stopping the command"))
+        .unwrap();
+    assert!(is_rfc3339(&first["quorumlock: ".len()..]), "{err}");
+    assert!(
+        err.contains("last renewal a majority confirmed: started"),
+        "{err}"
+    );
+    for i in 0..5 {
+        let line = err
+            .lines()
+            .find(|l| l.starts_with(&format!("quorumlock:   node {i} {}:", cluster.url(i))))
+            .unwrap_or_else(|| panic!("no line for node {i}: {err}"));
+        if i < 3 {
+            let since = line.split_once("renewals failing since ").map(|(_, s)| s);
+            assert!(since.is_some_and(is_rfc3339), "{line}");
+        } else {
+            assert!(line.contains(": renewing"), "{line}");
+        }
+    }
     for i in 0..3 {
         cluster.node(i).thaw();
     }
@@ -218,6 +257,11 @@ fn a_lock_taken_away_on_a_majority_stops_the_group_sigterm_first_and_exits_70() 
     let (code, err) = run.finish(Duration::from_secs(30));
     assert_eq!(code, Some(70), "{err}");
     assert!(err.contains("the lock was lost"), "{err}");
+    assert!(
+        err.contains("a majority no longer holds this lock's token"),
+        "{err}"
+    );
+    assert_eq!(err.matches("does not hold this token").count(), 2, "{err}");
     assert!(
         marker.exists(),
         "the command was not sent SIGTERM first: {err}"

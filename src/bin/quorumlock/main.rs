@@ -8,16 +8,20 @@
 //! - `args.rs`: strict parsing, durations, the help text.
 //! - `run.rs`: `run`: the command under a lease, the stop rule, signals forwarded.
 //! - `probe.rs`: `try`, `status`, `bench`.
+//! - `report.rs`: what `run` says when it stops the command (an observer of the
+//!   lease's renewals), with RFC 3339 UTC timestamps.
 //! - `sys.rs`: signals, process groups, the watchdog: the only `unsafe` code.
 
 mod args;
 mod probe;
+mod report;
 mod run;
 mod sys;
 
 use args::{Action, Parsed};
 use quorumlock::{Error, Redlock};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 /// Bad arguments, settings or node URLs (sysexits `EX_USAGE`).
 pub const EX_USAGE: u8 = 64;
@@ -96,7 +100,10 @@ fn main() -> ExitCode {
             ) {
                 return usage_error(&msg);
             }
-            run::run(&args, builder, resource, command)
+            // The lease's rounds and the nodes' changes, for the stop report.
+            let renewals = Arc::new(report::Renewals::default());
+            let builder = builder.observer(Arc::clone(&renewals));
+            run::run(&args, builder, &renewals, resource, command)
         }
         Action::Try { resource } => probe::try_once(builder, resource, &args),
         Action::Status { resource } => probe::status(&settings, resource),

@@ -23,6 +23,7 @@
 //! freeze), is beyond it.
 
 use crate::args::{Args, Wait, show};
+use crate::report::Renewals;
 use crate::sys::{self, Signals, Watchdog};
 use crate::{EX_LOST, EX_OSERR, failure_code};
 use quorumlock::{Error, Lease, SharedRedlock};
@@ -103,7 +104,13 @@ struct Stopping {
     give_up: Option<Instant>,
 }
 
-pub fn run(args: &Args, builder: quorumlock::Builder, resource: &str, command: &[String]) -> u8 {
+pub fn run(
+    args: &Args,
+    builder: quorumlock::Builder,
+    renewals: &Renewals,
+    resource: &str,
+    command: &[String],
+) -> u8 {
     // Before any thread exists: the fork must copy a single-threaded process.
     let mut watchdog = match Watchdog::start() {
         Ok(w) => w,
@@ -115,7 +122,15 @@ pub fn run(args: &Args, builder: quorumlock::Builder, resource: &str, command: &
         Err(e) => return os_error(&e),
     };
     let code = match builder.build_shared() {
-        Ok(shared) => with_client(args, &shared, &signals, &mut watchdog, resource, command),
+        Ok(shared) => with_client(
+            args,
+            &shared,
+            &signals,
+            &mut watchdog,
+            renewals,
+            resource,
+            command,
+        ),
         Err(e) => {
             eprintln!("quorumlock: {e}");
             failure_code(&e, args.conflict_code)
@@ -150,6 +165,7 @@ fn with_client(
     shared: &SharedRedlock,
     signals: &Signals,
     watchdog: &mut Watchdog,
+    renewals: &Renewals,
     resource: &str,
     command: &[String],
 ) -> u8 {
@@ -171,7 +187,7 @@ fn with_client(
             };
         }
     };
-    let code = supervise(&rule, &lease, signals, watchdog, pid);
+    let code = supervise(&rule, &lease, signals, watchdog, renewals, pid);
     // The group is gone: nothing is left for the watchdog to watch (and its pgid may be
     // reused by another group from now on).
     watchdog.kill_by(None);
@@ -304,7 +320,14 @@ impl Rule {
 
 /// Runs until the command (pid = pgid) has exited and its group is empty, stopping it
 /// by the stop rule and forwarding signals; returns the exit code.
-fn supervise(rule: &Rule, lease: &Lease, signals: &Signals, watchdog: &Watchdog, pid: u32) -> u8 {
+fn supervise(
+    rule: &Rule,
+    lease: &Lease,
+    signals: &Signals,
+    watchdog: &Watchdog,
+    renewals: &Renewals,
+    pid: u32,
+) -> u8 {
     let waker = signals.waker();
     let mut cx = Context::from_waker(&waker);
     let mut lost = pin!(lease.lost());
@@ -361,14 +384,21 @@ fn supervise(rule: &Rule, lease: &Lease, signals: &Signals, watchdog: &Watchdog,
             })
         );
         if group_running && !lease_stopping && (is_lost || remaining <= rule.line) {
-            if is_lost {
-                eprintln!("quorumlock: the lock was lost; stopping the command");
+            let why = if is_lost {
+                "the lock was lost; stopping the command".to_string()
             } else {
-                eprintln!(
-                    "quorumlock: the lock's validity fell to {} (stop line {}); stopping the command",
+                format!(
+                    "the lock's validity fell to {} (stop line {}); stopping the command",
                     show(remaining),
                     show(rule.line)
-                );
+                )
+            };
+            let why = format!(
+                "{why} (SIGTERM to its process group, SIGKILL {} later at the latest)",
+                show(rule.kill_at(now, deadline).saturating_duration_since(now))
+            );
+            for line in renewals.stop_lines(&why, deadline) {
+                eprintln!("{line}");
             }
             stopping = Some(match stopping.take() {
                 // Its SIGTERM went already: only the SIGKILL may have to come sooner.
@@ -424,12 +454,17 @@ fn supervise(rule: &Rule, lease: &Lease, signals: &Signals, watchdog: &Watchdog,
         }) => EX_LOST,
         _ if lost_while_running => {
             if watchdog.fired() {
-                eprintln!(
-                    "quorumlock: quorumlock could not act in time (stopped, or stalled): its \
-                     watchdog killed the command before the lock's validity ran out"
-                );
+                let why = "quorumlock could not act in time (stopped, or stalled): its \
+                           watchdog killed the command before the lock's validity ran out";
+                for line in renewals.stop_lines(why, deadline) {
+                    eprintln!("{line}");
+                }
             } else {
-                eprintln!("quorumlock: the lock was lost before the command finished");
+                let why = "the lock was lost before the command finished (it ended while \
+                           quorumlock could not watch)";
+                for line in renewals.stop_lines(why, deadline) {
+                    eprintln!("{line}");
+                }
             }
             EX_LOST
         }
