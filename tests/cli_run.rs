@@ -411,19 +411,59 @@ fn a_stopped_job_cannot_let_the_command_outlive_the_lock() {
 #[test]
 fn a_command_that_ends_while_quorumlock_is_stopped_keeps_its_own_status() {
     let cluster = common::Cluster::start(3);
-    let done = cluster.dir().join("stopped-done");
-    let script = format!("while [ ! -e '{}' ]; do sleep 0.02; done", done.display());
-    let mut run = Running::spawn(run_sh(&cluster.urls().join(","), "cli:ends", &script));
-    let ttl = Duration::from_secs(6);
-    let deadline = after_an_extend(&cluster, "cli:ends", ttl);
+    let (done, pid_file) = (
+        cluster.dir().join("stopped-done"),
+        cluster.dir().join("stopped-pid"),
+    );
+    let script = format!(
+        "echo $$ > '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",
+        pid_file.display(),
+        done.display()
+    );
+    // kill-after 4 s with the 1 s node timeout: the spare is 1 + 5/4 = 2.25 s, the
+    // watchdog's backstop half of it (1.125 s) before the deadline, which leaves this
+    // test about 1 s to resume quorumlock between the two (the shortest settings leave
+    // 0.5 s). ttl 15 s = 3 x (4 + 1).
+    let mut run = Running::spawn(quorumlock(
+        &cluster.urls().join(","),
+        &[
+            "--ttl",
+            "15",
+            "--kill-after",
+            "4",
+            "run",
+            "cli:ends",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    ));
+    let mut pids = Pids::default();
+    let child = pids.read(&pid_file);
+    let ttl = Duration::from_secs(15);
+    after_an_extend(&cluster, "cli:ends", ttl);
     signal(run.pid(), libc::SIGSTOP);
     // The command ends on its own while quorumlock is stopped ...
     std::fs::write(&done, b"").unwrap();
-    // ... and quorumlock is resumed only after the backstop (half the 1.5 s spare before
-    // the deadline), before the deadline itself.
-    // (A moment, not an event: nothing outside the watchdog shows its backstop passing.)
-    let resume_at = deadline - Duration::from_millis(750) + Duration::from_millis(200);
-    std::thread::sleep(resume_at.saturating_duration_since(Instant::now()));
+    assert!(
+        common::wait_until(Duration::from_secs(30), || gone_or_zombie(child)),
+        "the command did not end"
+    );
+    // ... and quorumlock is resumed only once the backstop has passed, read on the
+    // nodes' own clock: the key's PTTL on node 0 at most drift + backstop margin less
+    // 100 ms (the local deadline comes before the key's expiry by the drift at least),
+    // which leaves the deadline about a second ahead.
+    let drift = ttl / 100 + Duration::from_millis(2);
+    let past_backstop = drift + Duration::from_millis(1125) - Duration::from_millis(100);
+    let mut admin = cluster.node(0).admin();
+    assert!(
+        common::wait_until(Duration::from_secs(30), || {
+            let pttl = admin.pttl("cli:ends");
+            pttl >= 0 && pttl as u128 <= past_backstop.as_millis()
+        }),
+        "the key's PTTL never fell to the backstop"
+    );
     signal(run.pid(), libc::SIGCONT);
     let (code, err) = run.finish(Duration::from_secs(30));
     assert_eq!(code, Some(0), "{err}");
