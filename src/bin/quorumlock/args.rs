@@ -677,7 +677,7 @@ mod tests {
         let run = "run x -- true";
         assert_eq!(go(run).wait, Wait::Forever);
         assert_eq!(go(&format!("-n {run}")).wait, Wait::Once);
-        assert_eq!(go(&format!("{run}")).conflict_code, 75);
+        assert_eq!(go(run).conflict_code, 75);
         assert_eq!(
             go(&format!("--nonblock {run}")).wait,
             go(&format!("-n {run}")).wait

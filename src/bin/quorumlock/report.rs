@@ -55,7 +55,7 @@ impl Renewals {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn node<'a>(
+    fn log_of<'a>(
         state: &'a mut State,
         index: usize,
         shown: &dyn std::fmt::Display,
@@ -143,7 +143,7 @@ impl Observer for Renewals {
             state.last_failed = Some((at, e.decision()));
         }
         for n in e.nodes() {
-            let log = Renewals::node(&mut state, n.index(), n.endpoint());
+            let log = Renewals::log_of(&mut state, n.index(), n.endpoint());
             match n.outcome() {
                 Outcome::Locked => {
                     log.failing_since = None;
@@ -161,7 +161,7 @@ impl Observer for Renewals {
 
     fn node(&self, e: &NodeEvent<'_>) {
         let mut state = self.state();
-        let log = Renewals::node(&mut state, e.index(), e.endpoint());
+        let log = Renewals::log_of(&mut state, e.index(), e.endpoint());
         match e.change() {
             NodeChange::Down(why) => {
                 let why = why.to_string();
