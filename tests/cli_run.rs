@@ -94,11 +94,11 @@ fn a_job_longer_than_the_ttl_keeps_its_lock() {
     let nodes = cluster.urls().join(",");
     let done = cluster.dir().join("long-done");
     let script = format!("while [ ! -e '{}' ]; do sleep 0.02; done", done.display());
-    // ttl 3 s = 3 × (kill-after 200 ms + timeout 800 ms): the shortest the rule accepts.
+    // ttl 3 s = 3 × (kill-after 200 ms + node timeout 800 ms): the shortest the rule accepts.
     let mut holder = Running::spawn(quorumlock(
         &nodes,
         &[
-            "--timeout",
+            "--node-timeout",
             "800ms",
             "--ttl",
             "3s",
