@@ -103,9 +103,10 @@ ACTIONS
       One attempt to acquire RESOURCE, released at once: a probe. Prints one line on
       stdout when it got the lock (with its fence under --fencing); errors go to stderr.
   status RESOURCE
-      One line per node on stdout: whether the key exists, its holder's token, its PTTL,
-      the node's run_id and uptime; then a summary line. Exit 0 if one token is held on
-      a majority of nodes, 1 otherwise.
+      One line per node on stdout: whether the key exists, its holder's token prefix
+      (the first 8 characters, as QUORUMLOCK_TOKEN_PREFIX; never the whole token), its
+      PTTL, the node's run_id and uptime; then a summary line. Exit 0 if one token is
+      held on a majority of nodes, 1 otherwise.
   bench
       Acquire and release locks on keys `quorumlock:bench:<random>` one after the other
       against the nodes; a progress line on stderr, a table of p50/p99 latencies and

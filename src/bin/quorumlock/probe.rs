@@ -43,6 +43,18 @@ fn fail(e: &quorumlock::Error) -> u8 {
     failure_code(e, EX_TEMPFAIL)
 }
 
+/// A holder's token as logs show it: its first 8 bytes and `…` (the whole token is a
+/// credential: whoever has it can release or extend the lock). The same 8 characters
+/// a command under `run` finds in `QUORUMLOCK_TOKEN_PREFIX`.
+fn prefix(token: &[u8]) -> String {
+    let shown = token[..token.len().min(8)].escape_ascii().to_string();
+    if token.len() > 8 {
+        format!("{shown}…")
+    } else {
+        shown
+    }
+}
+
 /// One line per node, then a summary: 0 if one token is held on a majority, else 1.
 pub fn status(settings: &Settings, resource: &str) -> u8 {
     let views = quorumlock::inspect(settings, resource.as_bytes());
@@ -62,7 +74,7 @@ pub fn status(settings: &Settings, resource: &str) -> u8 {
                     None => tokens.push((token, 1)),
                 }
                 let pttl = pttl.map_or("none".to_string(), |p| format!("{}ms", p.as_millis()));
-                format!("held token={} pttl={pttl}", token.escape_ascii())
+                format!("held token={} pttl={pttl}", prefix(token))
             }
             (None, _) => "free".to_string(),
         };
@@ -77,7 +89,7 @@ pub fn status(settings: &Settings, resource: &str) -> u8 {
         Some(&(token, n)) if n >= quorum => {
             println!(
                 "{resource:?} is held: token {} on {n} of {} nodes (quorum {quorum})",
-                token.escape_ascii(),
+                prefix(token),
                 views.len()
             );
             0
