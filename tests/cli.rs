@@ -35,6 +35,12 @@ fn hold(nodes: &str, cluster: &common::Cluster, resource: &str) -> (Running, std
     (holder, done)
 }
 
+/// Ends a [`hold`]: its command exits, and so does the run, with 0.
+fn let_go(mut holder: Running, done: &std::path::Path) {
+    std::fs::write(done, b"").unwrap();
+    assert_eq!(holder.finish(Duration::from_secs(30)).0, Some(0));
+}
+
 #[test]
 fn help_and_version_go_to_stdout_with_status_0() {
     let out = bare(&["--help"]).output().unwrap();
@@ -511,7 +517,7 @@ fn var<'a>(env: &'a [String], name: &str) -> Option<&'a str> {
 fn nonblock_gives_up_at_once_with_the_conflict_code_and_e_sets_it() {
     let cluster = common::Cluster::start(3);
     let nodes = cluster.urls().join(",");
-    let (mut holder, done) = hold(&nodes, &cluster, "cli:nonblock");
+    let (holder, done) = hold(&nodes, &cluster, "cli:nonblock");
     let marker = cluster.dir().join("nonblock-ran");
     let touch = format!("touch '{}'", marker.display());
     for (extra, code) in [
@@ -536,15 +542,14 @@ fn nonblock_gives_up_at_once_with_the_conflict_code_and_e_sets_it() {
         .unwrap();
     assert_eq!(out.status.code(), Some(9), "{}", show(&out));
     assert!(!marker.exists(), "a refused run ran its command");
-    std::fs::write(&done, b"").unwrap();
-    assert_eq!(holder.finish(Duration::from_secs(30)).0, Some(0));
+    let_go(holder, &done);
 }
 
 #[test]
 fn a_bounded_wait_gives_up_no_sooner_than_its_bound() {
     let cluster = common::Cluster::start(3);
     let nodes = cluster.urls().join(",");
-    let (mut holder, done) = hold(&nodes, &cluster, "cli:bounded");
+    let (holder, done) = hold(&nodes, &cluster, "cli:bounded");
     for (extra, code) in [(&["-w", "0.5"][..], 75), (&["--wait=0.5", "-E", "4"], 4)] {
         let mut args = extra.to_vec();
         args.extend(["run", "cli:bounded", "--", "true"]);
@@ -559,8 +564,7 @@ fn a_bounded_wait_gives_up_no_sooner_than_its_bound() {
             show(&out)
         );
     }
-    std::fs::write(&done, b"").unwrap();
-    assert_eq!(holder.finish(Duration::from_secs(30)).0, Some(0));
+    let_go(holder, &done);
 }
 
 /// A `run` that writes its command's environment to `env_file` and holds the lock until
@@ -679,7 +683,7 @@ fn fenced_runs_hand_the_command_a_larger_fence_each_time() {
 fn a_signal_ends_the_default_wait_with_128_plus_n() {
     let cluster = common::Cluster::start(3);
     let nodes = cluster.urls().join(",");
-    let (mut holder, done) = hold(&nodes, &cluster, "cli:sigwait");
+    let (holder, done) = hold(&nodes, &cluster, "cli:sigwait");
     let marker = cluster.dir().join("sigwait-ran");
     let touch = format!("touch '{}'", marker.display());
     let mut waiter = Running::spawn(quorumlock(
@@ -695,8 +699,7 @@ fn a_signal_ends_the_default_wait_with_128_plus_n() {
     assert_eq!(code, Some(128 + libc::SIGTERM), "{err}");
     assert!(err.contains("nothing was run"), "{err}");
     assert!(!marker.exists());
-    std::fs::write(&done, b"").unwrap();
-    assert_eq!(holder.finish(Duration::from_secs(30)).0, Some(0));
+    let_go(holder, &done);
 }
 
 #[test]
