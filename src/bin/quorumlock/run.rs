@@ -59,33 +59,38 @@ pub fn check_rule(
     if ttl > kill_after && healthy_low >= s.saturating_mul(3) / 2 {
         return Ok(());
     }
-    // Every way out, each with a value that works with the other two settings as given
-    // (by the 3 x rule, which always suffices).
+    // Every way out, with values that work with the other settings as given (by the
+    // 3 x rule, which always suffices).
     let third = ttl / 3;
-    let mut ways = vec![format!(
-        "a longer --ttl ({} or more: 3 x (kill-after + node-timeout))",
-        show(s.saturating_mul(3))
-    )];
+    let mut alone = Vec::new();
     if third > timeout {
-        ways.push(format!(
-            "a shorter --kill-after ({} or less)",
+        alone.push(format!(
+            "--kill-after {} or less with this node timeout",
             show(third - timeout)
         ));
     }
     if third > kill_after {
-        ways.push(format!(
-            "a shorter --node-timeout ({} or less)",
+        alone.push(format!(
+            "--node-timeout {} or less with this kill-after",
             show(third - kill_after)
         ));
     }
+    let alone = if alone.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", alone.join("; "))
+    };
     Err(format!(
         "--ttl {} is too short for --kill-after {} and --node-timeout {}: the command would \
-         be stopped with the lock healthy, or killed after the lock expired; use {} (see the \
-         stop rule in --help)",
+         be stopped with the lock healthy, or killed after the lock expired. Use a longer \
+         --ttl ({} or more: 3 x (kill-after + node-timeout)), or a shorter --kill-after \
+         and/or a shorter --node-timeout (together at most {}, a third of the ttl{alone}); \
+         see the stop rule in --help",
         show(ttl),
         show(kill_after),
         show(timeout),
-        ways.join(", or "),
+        show(s.saturating_mul(3)),
+        show(third),
     ))
 }
 
@@ -515,21 +520,18 @@ mod tests {
         let e = check_rule(ttl, k, t, 0.01).unwrap_err();
         for needle in [
             "a longer --ttl (9s or more",
-            "a shorter --kill-after (1s or less)",
-            "a shorter --node-timeout (0ms or less)",
+            "a shorter --kill-after and/or a shorter --node-timeout (together at most 2s",
+            "--kill-after 1s or less with this node timeout",
         ] {
-            if needle.contains("0ms") {
-                // ttl/3 = kill-after: no node timeout would do; not offered.
-                assert!(!e.contains("--node-timeout ("), "{e}");
-            } else {
-                assert!(e.contains(needle), "{needle:?} in {e}");
-            }
+            assert!(e.contains(needle), "{needle:?} in {e}");
         }
+        // ttl/3 = kill-after: no node timeout alone would do; not offered.
+        assert!(!e.contains("--node-timeout 0"), "{e}");
         assert!(check_rule(9000 * MS, k, t, 0.01).is_ok());
         assert!(check_rule(ttl, 1000 * MS, t, 0.01).is_ok());
         let e = check_rule(ttl, 1500 * MS, 1500 * MS, 0.01).unwrap_err();
-        assert!(e.contains("--kill-after (500ms or less)"), "{e}");
-        assert!(e.contains("--node-timeout (500ms or less)"), "{e}");
+        assert!(e.contains("--kill-after 500ms or less"), "{e}");
+        assert!(e.contains("--node-timeout 500ms or less"), "{e}");
         assert!(check_rule(ttl, 1500 * MS, 500 * MS, 0.01).is_ok());
         assert!(check_rule(ttl, 500 * MS, 1500 * MS, 0.01).is_ok());
     }
