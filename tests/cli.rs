@@ -752,6 +752,24 @@ fn bare_numbers_are_seconds_on_the_command_line() {
             show(&out)
         );
     }
+    // A ttl too short names every way out.
+    let out = quorumlock(&nodes, &["--ttl", "2", "run", "r", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", show(&out));
+    for way in [
+        "a longer --ttl",
+        "a shorter --kill-after",
+        "a shorter --node-timeout",
+    ] {
+        assert!(text(&out.stderr).contains(way), "{way:?}: {}", show(&out));
+    }
+    // --restart-guard reaches the client: these nodes started seconds ago, younger than
+    // an hour, so none of them votes yet.
+    let out = quorumlock(&nodes, &["--restart-guard", "1h", "try", "cli:guard"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69), "{}", show(&out));
     let out = bare(&["--timeout", "1", "try", "r"])
         .env("QUORUMLOCK_NODES", &nodes)
         .output()
