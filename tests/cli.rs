@@ -794,9 +794,8 @@ fn node_urls_with_passwords_come_from_a_file_or_the_environment_never_argv() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     assert!(!show(&out).contains("f1le-pw"), "{}", show(&out));
-    let out = bare(&[
-        "--nodes-file",
-        path,
+    // run too, from the file or from the environment.
+    let run = [
         "--ttl",
         "6",
         "--kill-after",
@@ -805,25 +804,15 @@ fn node_urls_with_passwords_come_from_a_file_or_the_environment_never_argv() {
         "cli:file",
         "--",
         "true",
-    ])
-    .output()
-    .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
-    // The environment, for run too.
-    let out = bare(&[
-        "--ttl",
-        "6",
-        "--kill-after",
-        "1",
-        "run",
-        "cli:file",
-        "--",
-        "true",
-    ])
-    .env("QUORUMLOCK_NODES", cluster.urls().join(","))
-    .output()
-    .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    ];
+    let from_file = [&["--nodes-file", path][..], &run].concat();
+    let mut from_env = bare(&run);
+    from_env.env("QUORUMLOCK_NODES", cluster.urls().join(","));
+    for mut cmd in [bare(&from_file), from_env] {
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+        assert!(!show(&out).contains("f1le-pw"), "{}", show(&out));
+    }
 
     // A bad line: named by its number, its password nowhere.
     let bad = dir.join("bad-nodes");
