@@ -183,8 +183,10 @@ THE STOP RULE (run)
   SIGTTIN, SIGTTOU): stopped, it could neither keep the lock nor stop the command.
   Should quorumlock be stopped anyway (SIGSTOP to it or to its job's process group) or
   stall, the watchdog, in a process group of its own, kills the command's group by
-  itself half the spare before the deadline (exit 70 once resumed). Both paused
-  together (a cgroup freeze, a suspended machine) is beyond it.
+  itself half the spare before the deadline (exit 70 once resumed). A command that
+  ended on its own meanwhile keeps its status if the watchdog saw it end in time (on
+  Linux, by a pidfd; else 70). Both paused together (a cgroup freeze, a suspended
+  machine) is beyond it.
 
 EXIT STATUS
   0        try: got the lock; status: one token held on a majority; bench: done

@@ -70,6 +70,12 @@ impl Renewals {
         log
     }
 
+    /// Whether every renewal so far was won: then the lease can only be lost by its
+    /// deadline passing, not by a takeover or a failure.
+    pub fn all_won(&self) -> bool {
+        self.state().last_failed.is_none()
+    }
+
     /// The lines that say why the command is stopped, `why` first; each starts with
     /// `quorumlock: ` and the first with the time.
     pub fn stop_lines(&self, why: &str, deadline: Instant) -> Vec<String> {

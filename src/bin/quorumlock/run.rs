@@ -21,6 +21,13 @@
 //! in memory the two share (`Watchdog::kill_by`), and the run exits 70 if the watchdog
 //! killed the command. A pause of the whole machine, or of both processes (a cgroup
 //! freeze), is beyond it.
+//!
+//! A command that ended on its own while this process could not watch keeps its own
+//! status only if it ended inside the lock's validity: the watchdog notes the moment it
+//! saw the command exit (`Watchdog::exited_at`, never earlier than the exit), and the
+//! status stands when that is before the backstop of the deadline last seen and every
+//! renewal was won (so that only the deadline can have ended the lease). Otherwise a
+//! lease found lost at the reap counts as lost while the command ran (exit 70).
 
 use crate::args::{Args, Wait, show};
 use crate::report::Renewals;
@@ -338,6 +345,8 @@ fn supervise(
     let mut lost = pin!(lease.lost());
     let mut status: Option<u8> = None;
     let mut lost_while_running = false;
+    // The command was killed by the watchdog at the backstop (not just ended meanwhile).
+    let mut killed_by_watchdog = false;
     let mut stopping: Option<Stopping> = None;
     // The lease's local validity deadline as last seen while it was not lost (a lost
     // lease reports no remaining validity): what the SIGKILL must precede.
@@ -350,8 +359,19 @@ fn supervise(
                 // by the watchdog at the backstop, it was ended by the rule: this loop
                 // did not act in time (it was stopped, or stalled).
                 let by_watchdog = watchdog.fired() && i32::from(code) == 128 + sys::SIGKILL;
-                if stopping.is_none() && (lease.is_lost() || by_watchdog) {
+                // Lost by now, but maybe only since the command ended: when every renewal
+                // was won (the lease can only have run out at its deadline) and the
+                // watchdog saw the command exit before the backstop of that deadline (as
+                // last seen; the backstop's margin covers a deadline moved earlier that
+                // this loop has not seen yet), the command ended inside the lock's
+                // validity though this loop learns it late (it was stopped, or stalled).
+                let ended_in_time = renewals.all_won()
+                    && watchdog
+                        .exited_at()
+                        .is_some_and(|exit| exit < rule.backstop(deadline));
+                if stopping.is_none() && (by_watchdog || (lease.is_lost() && !ended_in_time)) {
                     lost_while_running = true;
+                    killed_by_watchdog = by_watchdog;
                 }
             }
         }
@@ -458,7 +478,7 @@ fn supervise(
             why: Stop::Lease, ..
         }) => EX_LOST,
         _ if lost_while_running => {
-            if watchdog.fired() {
+            if killed_by_watchdog {
                 let why = "quorumlock could not act in time (stopped, or stalled): its \
                            watchdog killed the command before the lock's validity ran out";
                 for line in renewals.stop_lines(why, deadline) {
