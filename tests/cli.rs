@@ -35,6 +35,12 @@ fn hold(nodes: &str, cluster: &common::Cluster, resource: &str) -> (Running, std
     (holder, done)
 }
 
+/// Ends a [`hold`]: its command exits, and so does the run, with 0.
+fn let_go(mut holder: Running, done: &std::path::Path) {
+    std::fs::write(done, b"").unwrap();
+    assert_eq!(holder.finish(Duration::from_secs(30)).0, Some(0));
+}
+
 #[test]
 fn help_and_version_go_to_stdout_with_status_0() {
     let out = bare(&["--help"]).output().unwrap();
@@ -49,7 +55,19 @@ fn help_and_version_go_to_stdout_with_status_0() {
         "(default 2s",
         "--ttl DURATION",
         "(default 30s)",
-        "--wait DURATION",
+        "-w, --wait SECONDS",
+        "-n, --nonblock",
+        "-E, --conflict-exit-code N",
+        "(default 75)",
+        "--node-timeout DURATION",
+        "(default 200ms)",
+        "--fencing",
+        "--restart-guard DURATION",
+        "--nodes-file PATH",
+        "QUORUMLOCK_FENCE",
+        "QUORUMLOCK_TOKEN_PREFIX",
+        "QUORUMLOCK_RESOURCE",
+        "RFC 3339",
         "QUORUMLOCK_NODES",
         "EXIT STATUS",
         "75",
@@ -57,7 +75,7 @@ fn help_and_version_go_to_stdout_with_status_0() {
         "70",
         "64",
         "127",
-        "kill-after + timeout + (kill-after + timeout) / 4",
+        "kill-after + node-timeout + (kill-after + node-timeout) / 4",
         "EXAMPLE",
     ] {
         assert!(help.contains(needle), "--help lacks {needle:?}:\n{help}");
@@ -93,7 +111,8 @@ fn every_kind_of_bad_argument_is_a_usage_error_before_anything_runs() {
         vec!["try", "x", "--ttl", "10q"],                       // bad unit
         vec!["try", "x", "--ttl", "0"],                         // zero ttl
         vec!["try", "x", "--ttl", "99999999999999999999h"],     // overflow
-        vec!["try", "x", "--timeout", "0s"],                    // zero timeout
+        vec!["try", "x", "--node-timeout", "0s"],               // zero node timeout
+        vec!["try", "x", "--timeout", "1"],                     // the old flag
         vec!["try", "x", "--", "sh"],                           // a command for try
         vec!["try", "x", "--count", "3"],                       // bench's option
         vec!["run", "x", "sh", "-c", "true"],                   // no --
@@ -232,7 +251,9 @@ fn try_and_status_while_a_run_holds_the_lock_and_after() {
             line.starts_with(&format!("node {i} {}", cluster.url(i))),
             "{line}"
         );
-        assert!(line.contains(&format!("token={token}")), "{line}");
+        // The holder's token prefix (as its command sees it), never the whole token.
+        assert!(line.contains(&format!("token={}…", &token[..8])), "{line}");
+        assert!(!line.contains(&token), "{line}");
         assert!(line.contains("pttl=") && line.contains("run_id=") && line.contains("uptime="));
     }
     assert!(
@@ -351,8 +372,8 @@ fn wait_gives_up_with_75_or_gets_the_lock_when_the_holder_releases() {
     let out = run("300ms").output().unwrap();
     assert_eq!(out.status.code(), Some(75), "{}", show(&out));
     assert!(!marker.exists());
-    // Without --wait: one attempt.
-    let out = cli_common::run(&nodes, "cli:wait", &["true"])
+    // With -n: one attempt.
+    let out = quorumlock(&nodes, &["-n", "run", "cli:wait", "--", "true"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(75), "{}", show(&out));
@@ -475,6 +496,343 @@ fn status_logs_in_with_the_urls_password_and_never_prints_it() {
     assert_eq!(
         text(&out.stdout).matches("AUTH/SELECT refused").count(),
         3,
+        "{}",
+        show(&out)
+    );
+}
+
+/// The environment a command under `run` wrote to `path` (`env > path`), as
+/// name=value lines, once the file is complete (the command went on after writing it).
+fn env_of(path: &std::path::Path) -> Vec<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().map(String::from).collect()
+}
+
+fn var<'a>(env: &'a [String], name: &str) -> Option<&'a str> {
+    env.iter()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+}
+
+#[test]
+fn nonblock_gives_up_at_once_with_the_conflict_code_and_e_sets_it() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let (holder, done) = hold(&nodes, &cluster, "cli:nonblock");
+    let marker = cluster.dir().join("nonblock-ran");
+    let touch = format!("touch '{}'", marker.display());
+    for (extra, code) in [
+        (&["-n"][..], 75),
+        (&["--nonblock"], 75),
+        (&["-n", "-E", "3"], 3),
+        (&["-n", "--conflict-exit-code=0"], 0),
+    ] {
+        let mut args = extra.to_vec();
+        args.extend(["run", "cli:nonblock", "--", "sh", "-c", &touch]);
+        let out = quorumlock(&nodes, &args).output().unwrap();
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", show(&out));
+        assert!(
+            text(&out.stderr).contains("held by another client"),
+            "{}",
+            show(&out)
+        );
+    }
+    // try takes -E too.
+    let out = quorumlock(&nodes, &["try", "cli:nonblock", "-E", "9"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(9), "{}", show(&out));
+    assert!(!marker.exists(), "a refused run ran its command");
+    let_go(holder, &done);
+}
+
+#[test]
+fn a_bounded_wait_gives_up_no_sooner_than_its_bound() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let (holder, done) = hold(&nodes, &cluster, "cli:bounded");
+    for (extra, code) in [(&["-w", "0.5"][..], 75), (&["--wait=0.5", "-E", "4"], 4)] {
+        let mut args = extra.to_vec();
+        args.extend(["run", "cli:bounded", "--", "true"]);
+        let started = std::time::Instant::now();
+        let out = quorumlock(&nodes, &args).output().unwrap();
+        let took = started.elapsed();
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", show(&out));
+        assert!(took >= Duration::from_millis(500), "gave up after {took:?}");
+        assert!(
+            text(&out.stderr).contains("gave up after"),
+            "{}",
+            show(&out)
+        );
+    }
+    let_go(holder, &done);
+}
+
+/// A `run` that writes its command's environment to `env_file` and holds the lock until
+/// `done` exists.
+fn env_run(
+    nodes: &str,
+    resource: &str,
+    extra: &[&str],
+    env_file: &std::path::Path,
+    done: &std::path::Path,
+) -> std::process::Command {
+    let script = format!(
+        "env > '{0}.part' && mv '{0}.part' '{0}'; while [ ! -e '{1}' ]; do sleep 0.02; done",
+        env_file.display(),
+        done.display()
+    );
+    let mut args = vec!["--ttl", "6", "--kill-after", "0.5"];
+    args.extend_from_slice(extra);
+    args.extend(["run", resource, "--", "sh", "-c", &script]);
+    let mut cmd = quorumlock(nodes, &args);
+    // An outer run's fence must not reach the command of an unfenced one.
+    cmd.env("QUORUMLOCK_FENCE", "424242");
+    cmd
+}
+
+fn waited_hand_off(fenced: bool) {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let resource = if fenced {
+        "cli:handoff-fenced"
+    } else {
+        "cli:handoff"
+    };
+    let extra: &[&str] = if fenced { &["--fencing"] } else { &[] };
+    let dir = cluster.dir();
+    let (env1, done1) = (dir.join("env1"), dir.join("done1"));
+    let (env2, done2) = (dir.join("env2"), dir.join("done2"));
+    let mut first = Running::spawn(env_run(&nodes, resource, extra, &env1, &done1));
+    assert!(
+        common::wait_until(Duration::from_secs(20), || env1.exists()),
+        "the first run never ran its command"
+    );
+    let token = cluster.node(0).admin().get(resource).expect("held");
+    let token = text(&token);
+    // The second run, without -n or -w, waits: subscribed to the release notices on a
+    // majority, its command not started.
+    let mut second = Running::spawn(env_run(&nodes, resource, extra, &env2, &done2));
+    let mut admins = cluster.admins();
+    assert!(
+        common::wait_until(Duration::from_secs(20), || {
+            admins
+                .iter_mut()
+                .map(|a| a.notice_listeners(resource))
+                .filter(|&n| n > 0)
+                .count()
+                >= 2
+        }),
+        "the second run is not waiting for the release"
+    );
+    assert!(
+        !env2.exists(),
+        "the second run ran while the first held the lock"
+    );
+    std::fs::write(&done1, b"").unwrap();
+    let (code, err) = first.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        common::wait_until(Duration::from_secs(30), || env2.exists()),
+        "the second run never got the lock"
+    );
+    std::fs::write(&done2, b"").unwrap();
+    let (code, err) = second.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{err}");
+
+    let (e1, e2) = (env_of(&env1), env_of(&env2));
+    for env in [&e1, &e2] {
+        assert_eq!(var(env, "QUORUMLOCK_RESOURCE"), Some(resource), "{env:?}");
+        let prefix = var(env, "QUORUMLOCK_TOKEN_PREFIX").expect("a token prefix");
+        assert_eq!(prefix.len(), 8, "{prefix}");
+        assert!(
+            !env.iter().any(|l| l.contains(&token)),
+            "the whole token reached the command"
+        );
+    }
+    assert_eq!(var(&e1, "QUORUMLOCK_TOKEN_PREFIX"), Some(&token[..8]));
+    assert_ne!(
+        var(&e1, "QUORUMLOCK_TOKEN_PREFIX"),
+        var(&e2, "QUORUMLOCK_TOKEN_PREFIX")
+    );
+    if fenced {
+        let fence = |env: &[String]| -> u64 {
+            var(env, "QUORUMLOCK_FENCE")
+                .expect("a fence")
+                .parse()
+                .expect("a number")
+        };
+        assert!(fence(&e2) > fence(&e1), "{e1:?}\n{e2:?}");
+        assert_ne!(fence(&e1), 424242);
+    } else {
+        assert_eq!(var(&e1, "QUORUMLOCK_FENCE"), None, "{e1:?}");
+        assert_eq!(var(&e2, "QUORUMLOCK_FENCE"), None, "{e2:?}");
+    }
+}
+
+#[test]
+fn run_waits_by_default_and_gets_the_lock_when_the_holder_ends() {
+    waited_hand_off(false);
+}
+
+#[test]
+fn fenced_runs_hand_the_command_a_larger_fence_each_time() {
+    waited_hand_off(true);
+}
+
+#[test]
+fn a_signal_ends_the_default_wait_with_128_plus_n() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    let (holder, done) = hold(&nodes, &cluster, "cli:sigwait");
+    let marker = cluster.dir().join("sigwait-ran");
+    let touch = format!("touch '{}'", marker.display());
+    let mut waiter = Running::spawn(quorumlock(
+        &nodes,
+        &["run", "cli:sigwait", "--", "sh", "-c", &touch],
+    ));
+    let mut admin = cluster.node(0).admin();
+    assert!(common::wait_until(Duration::from_secs(20), || {
+        admin.notice_listeners("cli:sigwait") > 0
+    }));
+    cli_common::signal(waiter.pid(), libc::SIGTERM);
+    let (code, err) = waiter.finish(Duration::from_secs(30));
+    assert_eq!(code, Some(128 + libc::SIGTERM), "{err}");
+    assert!(err.contains("nothing was run"), "{err}");
+    assert!(!marker.exists());
+    let_go(holder, &done);
+}
+
+#[test]
+fn bare_numbers_are_seconds_on_the_command_line() {
+    let cluster = common::Cluster::start(3);
+    let nodes = cluster.urls().join(",");
+    // 3 × (0.5 + 1) = 4.5 <= 5: accepted. Were 5 read as milliseconds, refused (64).
+    let out = quorumlock(
+        &nodes,
+        &[
+            "--ttl",
+            "5",
+            "--kill-after",
+            "0.5",
+            "-w",
+            "2.5",
+            "run",
+            "cli:bare",
+            "--",
+            "true",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    // The ttl reached the nodes in seconds: a 2.5 s lock, not 2.5 ms.
+    let out = quorumlock(&nodes, &["--ttl", "2.5", "try", "cli:bare"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let said = text(&out.stdout);
+    let validity: f64 = said
+        .split_once("(validity ")
+        .and_then(|(_, rest)| rest.split_once("s)"))
+        .and_then(|(v, _)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no validity in seconds: {said}"));
+    assert!(validity > 1.0 && validity <= 2.5, "{said}");
+    // A bad value: a usage error quoting it; the old --timeout names its replacements.
+    for (args, needle) in [
+        (&["--ttl", "5x", "try", "r"][..], "\"5x\""),
+        (&["-w", "soon", "run", "r", "--", "true"], "\"soon\""),
+        (&["--kill-after", "-1", "run", "r", "--", "true"], "\"-1\""),
+        (&["--timeout", "1000", "try", "r"], "--node-timeout"),
+    ] {
+        let out = bare(args).env("QUORUMLOCK_NODES", &nodes).output().unwrap();
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", show(&out));
+        assert!(
+            text(&out.stderr).contains(needle),
+            "{args:?}: {}",
+            show(&out)
+        );
+    }
+    // A ttl too short names every way out.
+    let out = quorumlock(&nodes, &["--ttl", "2", "run", "r", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", show(&out));
+    for way in [
+        "a longer --ttl",
+        "a shorter --kill-after",
+        "a shorter --node-timeout",
+    ] {
+        assert!(text(&out.stderr).contains(way), "{way:?}: {}", show(&out));
+    }
+    // --restart-guard reaches the client: these nodes started seconds ago, younger than
+    // an hour, so none of them votes yet.
+    let out = quorumlock(&nodes, &["--restart-guard", "1h", "try", "cli:guard"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69), "{}", show(&out));
+    let out = bare(&["--timeout", "1", "try", "r"])
+        .env("QUORUMLOCK_NODES", &nodes)
+        .output()
+        .unwrap();
+    assert!(text(&out.stderr).contains("-w"), "{}", show(&out));
+}
+
+#[test]
+fn node_urls_with_passwords_come_from_a_file_or_the_environment_never_argv() {
+    let cluster = common::Cluster::start_with(3, &common::NodeOptions::with_password("f1le-pw"));
+    let dir = cluster.dir();
+    let file = dir.join("nodes");
+    let mut listing = String::from("# the lock's masters\n\n");
+    for url in cluster.urls() {
+        listing.push_str(&format!("  {url}  \n# between\n"));
+    }
+    std::fs::write(&file, &listing).unwrap();
+    let path = file.to_str().unwrap();
+    let out = bare(&["--nodes-file", path, "try", "cli:file"])
+        .env("QUORUMLOCK_NODES", "http://not-a-node")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(!show(&out).contains("f1le-pw"), "{}", show(&out));
+    // run too, from the file or from the environment.
+    let run = [
+        "--ttl",
+        "6",
+        "--kill-after",
+        "1",
+        "run",
+        "cli:file",
+        "--",
+        "true",
+    ];
+    let from_file = [&["--nodes-file", path][..], &run].concat();
+    let mut from_env = bare(&run);
+    from_env.env("QUORUMLOCK_NODES", cluster.urls().join(","));
+    for mut cmd in [bare(&from_file), from_env] {
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+        assert!(!show(&out).contains("f1le-pw"), "{}", show(&out));
+    }
+
+    // A bad line: named by its number, its password nowhere.
+    let bad = dir.join("bad-nodes");
+    let mut lines = cluster.urls();
+    lines.insert(1, "redis://app:f1le-pw@127.0.0.1:99999".into());
+    lines.insert(2, "http://:f1le-pw@example".into());
+    std::fs::write(&bad, lines.join("\n")).unwrap();
+    let out = bare(&["--nodes-file", bad.to_str().unwrap(), "status", "cli:file"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", show(&out));
+    assert!(text(&out.stderr).contains("line 2"), "{}", show(&out));
+    assert!(!show(&out).contains("f1le-pw"), "{}", show(&out));
+    // An unreadable file: a usage error naming it.
+    let out = bare(&["--nodes-file", "/nonexistent/quorumlock-nodes", "try", "r"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{}", show(&out));
+    assert!(
+        text(&out.stderr).contains("/nonexistent/quorumlock-nodes"),
         "{}",
         show(&out)
     );

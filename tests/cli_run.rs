@@ -64,6 +64,22 @@ fn after_an_extend(cluster: &common::Cluster, key: &str, ttl: Duration) -> Insta
     read_at + Duration::from_millis(pttl as u64) - drift
 }
 
+/// Whether `s` starts with an RFC 3339 UTC time with milliseconds
+/// (`2026-01-31T12:00:00.123Z`) of this century.
+fn is_rfc3339(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() >= 24
+        && s.starts_with("20")
+        && b[..24].iter().enumerate().all(|(i, &c)| match i {
+            4 | 7 => c == b'-',
+            10 => c == b'T',
+            13 | 16 => c == b':',
+            19 => c == b'.',
+            23 => c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
+}
+
 /// Waits (up to 30 s) until the command and its background child are gone (or zombies);
 /// whether they went.
 fn family_gone(child: u32, grandchild: u32) -> bool {
@@ -78,11 +94,11 @@ fn a_job_longer_than_the_ttl_keeps_its_lock() {
     let nodes = cluster.urls().join(",");
     let done = cluster.dir().join("long-done");
     let script = format!("while [ ! -e '{}' ]; do sleep 0.02; done", done.display());
-    // ttl 3 s = 3 × (kill-after 200 ms + timeout 800 ms): the shortest the rule accepts.
+    // ttl 3 s = 3 × (kill-after 200 ms + node timeout 800 ms): the shortest the rule accepts.
     let mut holder = Running::spawn(quorumlock(
         &nodes,
         &[
-            "--timeout",
+            "--node-timeout",
             "800ms",
             "--ttl",
             "3s",
@@ -152,6 +168,29 @@ fn a_frozen_majority_stops_the_whole_group_before_the_validity_deadline() {
     let (code, err) = run.finish(Duration::from_secs(30));
     assert_eq!(code, Some(70), "{err}");
     assert!(err.contains("stopping the command"), "{err}");
+    // Why, and since when: the frozen nodes' renewals failing, the others renewing,
+    // each line of the report stamped in RFC 3339 UTC.
+    let first = err
+        .lines()
+        .find(|l| l.contains("stopping the command"))
+        .unwrap();
+    assert!(is_rfc3339(&first["quorumlock: ".len()..]), "{err}");
+    assert!(
+        err.contains("last renewal a majority confirmed: started"),
+        "{err}"
+    );
+    for i in 0..5 {
+        let line = err
+            .lines()
+            .find(|l| l.starts_with(&format!("quorumlock:   node {i} {}:", cluster.url(i))))
+            .unwrap_or_else(|| panic!("no line for node {i}: {err}"));
+        if i < 3 {
+            let since = line.split_once("renewals failing since ").map(|(_, s)| s);
+            assert!(since.is_some_and(is_rfc3339), "{line}");
+        } else {
+            assert!(line.contains(": renewing"), "{line}");
+        }
+    }
     for i in 0..3 {
         cluster.node(i).thaw();
     }
@@ -218,6 +257,11 @@ fn a_lock_taken_away_on_a_majority_stops_the_group_sigterm_first_and_exits_70() 
     let (code, err) = run.finish(Duration::from_secs(30));
     assert_eq!(code, Some(70), "{err}");
     assert!(err.contains("the lock was lost"), "{err}");
+    assert!(
+        err.contains("a majority no longer holds this lock's token"),
+        "{err}"
+    );
+    assert_eq!(err.matches("does not hold this token").count(), 2, "{err}");
     assert!(
         marker.exists(),
         "the command was not sent SIGTERM first: {err}"
@@ -364,23 +408,59 @@ fn a_stopped_job_cannot_let_the_command_outlive_the_lock() {
     stopped_quorumlock_stops_the_command("cli:paused-job", true);
 }
 
+/// Whether this kernel lets a process open a pidfd (Linux 5.3 on, unless a sandbox
+/// refuses it): how quorumlock's watchdog learns when the command exited.
+fn pidfds() -> bool {
+    // SAFETY: pidfd_open with plain integers, on this process; the fd is closed.
+    unsafe {
+        let fd = libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0);
+        if fd >= 0 {
+            libc::close(fd as libc::c_int);
+        }
+        fd >= 0
+    }
+}
+
 #[test]
 fn a_command_that_ends_while_quorumlock_is_stopped_keeps_its_own_status() {
     let cluster = common::Cluster::start(3);
-    let done = cluster.dir().join("stopped-done");
-    let script = format!("while [ ! -e '{}' ]; do sleep 0.02; done", done.display());
+    let (done, pid_file) = (
+        cluster.dir().join("stopped-done"),
+        cluster.dir().join("stopped-pid"),
+    );
+    let script = format!(
+        "echo $$ > '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",
+        pid_file.display(),
+        done.display()
+    );
     let mut run = Running::spawn(run_sh(&cluster.urls().join(","), "cli:ends", &script));
+    let mut pids = Pids::default();
+    let child = pids.read(&pid_file);
     let ttl = Duration::from_secs(6);
-    let deadline = after_an_extend(&cluster, "cli:ends", ttl);
+    after_an_extend(&cluster, "cli:ends", ttl);
     signal(run.pid(), libc::SIGSTOP);
     // The command ends on its own while quorumlock is stopped ...
     std::fs::write(&done, b"").unwrap();
-    // ... and quorumlock is resumed only after the backstop (half the 1.5 s spare before
-    // the deadline), before the deadline itself.
-    // (A moment, not an event: nothing outside the watchdog shows its backstop passing.)
-    let resume_at = deadline - Duration::from_millis(750) + Duration::from_millis(200);
-    std::thread::sleep(resume_at.saturating_duration_since(Instant::now()));
+    assert!(
+        common::wait_until(Duration::from_secs(30), || gone_or_zombie(child)),
+        "the command did not end"
+    );
+    // ... and quorumlock is resumed only once the lock has expired on every node: past
+    // the watchdog's backstop and the lease's deadline. Its watchdog saw the command
+    // exit before them: the command's own status, not 70.
+    let mut admins = cluster.admins();
+    assert!(
+        common::wait_until(Duration::from_secs(30), || {
+            admins.iter_mut().all(|a| !a.exists("cli:ends"))
+        }),
+        "the lock never expired"
+    );
     signal(run.pid(), libc::SIGCONT);
     let (code, err) = run.finish(Duration::from_secs(30));
-    assert_eq!(code, Some(0), "{err}");
+    if pidfds() {
+        assert_eq!(code, Some(0), "{err}");
+    } else {
+        // Without a pidfd nothing tells when the command ended: counted as lost.
+        assert_eq!(code, Some(70), "{err}");
+    }
 }

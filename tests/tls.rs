@@ -427,7 +427,7 @@ fn the_command_line_tool_takes_its_tls_settings_from_the_environment() {
             .env_remove("QUORUMLOCK_TLS_CA_FILE")
             .env_remove("QUORUMLOCK_TLS_CERT")
             .env_remove("QUORUMLOCK_TLS_KEY")
-            .args(["--timeout", "2s", action, "tls:cli"]);
+            .args(["--node-timeout", "2s", action, "tls:cli"]);
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -8,13 +8,13 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 /// The binary, with `--nodes` and a node timeout of 1 s (not its 200 ms default): on a
-/// loaded machine a healthy node must not miss a round.
+/// loaded machine a healthy node must not miss a round. (A bare number is seconds.)
 pub fn quorumlock(nodes: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_quorumlock"));
     cmd.env_remove("QUORUMLOCK_NODES")
         .arg("--nodes")
         .arg(nodes)
-        .args(["--timeout", "1000"])
+        .args(["--node-timeout", "1"])
         .args(args)
         .stdin(Stdio::null());
     cmd

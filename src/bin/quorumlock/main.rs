@@ -8,16 +8,20 @@
 //! - `args.rs`: strict parsing, durations, the help text.
 //! - `run.rs`: `run`: the command under a lease, the stop rule, signals forwarded.
 //! - `probe.rs`: `try`, `status`, `bench`.
+//! - `report.rs`: what `run` says when it stops the command (an observer of the
+//!   lease's renewals), with RFC 3339 UTC timestamps.
 //! - `sys.rs`: signals, process groups, the watchdog: the only `unsafe` code.
 
 mod args;
 mod probe;
+mod report;
 mod run;
 mod sys;
 
 use args::{Action, Parsed};
 use quorumlock::{Error, Redlock};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 /// Bad arguments, settings or node URLs (sysexits `EX_USAGE`).
 pub const EX_USAGE: u8 = 64;
@@ -27,13 +31,14 @@ pub const EX_UNAVAILABLE: u8 = 69;
 pub const EX_LOST: u8 = 70;
 /// The operating system refused a fork, a pipe or a signal handler (`EX_OSERR`).
 pub const EX_OSERR: u8 = 71;
-/// Held by another client (`EX_TEMPFAIL`).
-pub const EX_TEMPFAIL: u8 = 75;
+/// Held by another client (`EX_TEMPFAIL`), unless `-E` says otherwise.
+pub const EX_TEMPFAIL: u8 = args::DEFAULT_CONFLICT_CODE;
 
-/// The exit code for a failed lock call.
-pub fn failure_code(e: &Error) -> u8 {
+/// The exit code for a failed lock call; `conflict` when the lock is held by another
+/// client (`-E`, by default [`EX_TEMPFAIL`]).
+pub fn failure_code(e: &Error, conflict: u8) -> u8 {
     match e {
-        Error::Taken(_) => EX_TEMPFAIL,
+        Error::Taken(_) => conflict,
         Error::Unavailable(_) | Error::Expired(_) => EX_UNAVAILABLE,
         Error::InvalidArgument(_) | Error::Config(_) => EX_USAGE,
         _ => EX_OSERR,
@@ -69,7 +74,9 @@ fn main() -> ExitCode {
     };
     let builder = Redlock::builder()
         .nodes(&args.nodes)
-        .node_timeout(args.timeout)
+        .node_timeout(args.node_timeout)
+        .fencing(args.fencing)
+        .restart_guard(args.restart_guard)
         .retry_count(args.retries)
         .retry_delay(args.retry_delay)
         .retry_jitter(args.retry_delay / 2);
@@ -88,14 +95,17 @@ fn main() -> ExitCode {
             if let Err(msg) = run::check_rule(
                 args.ttl,
                 args.kill_after,
-                args.timeout,
+                args.node_timeout,
                 settings.drift_factor,
             ) {
                 return usage_error(&msg);
             }
-            run::run(&args, builder, resource, command)
+            // The lease's rounds and the nodes' changes, for the stop report.
+            let renewals = Arc::new(report::Renewals::default());
+            let builder = builder.observer(Arc::clone(&renewals));
+            run::run(&args, builder, &renewals, resource, command)
         }
-        Action::Try { resource } => probe::try_once(builder, resource, args.ttl),
+        Action::Try { resource } => probe::try_once(builder, resource, &args),
         Action::Status { resource } => probe::status(&settings, resource),
         Action::Bench => probe::bench(builder, &args),
     };

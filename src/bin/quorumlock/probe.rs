@@ -2,30 +2,36 @@
 
 use crate::args::{Args, show};
 use crate::sys::Signals;
-use crate::{EX_OSERR, failure_code};
+use crate::{EX_OSERR, EX_TEMPFAIL, failure_code};
 use quorumlock::{Builder, Settings};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 /// One attempt, released at once: 0 and a line on stdout if it got the lock.
-pub fn try_once(builder: Builder, resource: &str, ttl: Duration) -> u8 {
+pub fn try_once(builder: Builder, resource: &str, args: &Args) -> u8 {
+    let fail = |e: &quorumlock::Error| {
+        eprintln!("quorumlock: {e}");
+        failure_code(e, args.conflict_code)
+    };
     let mut rl = match builder.build() {
         Ok(rl) => rl,
         Err(e) => return fail(&e),
     };
-    let lock = match rl.try_lock(resource, ttl) {
+    let lock = match rl.try_lock(resource, args.ttl) {
         Ok(lock) => lock,
         Err(e) => return fail(&e),
     };
-    let validity = lock.remaining();
+    let got = match lock.fence() {
+        Some(fence) => format!("validity {}, fence {fence}", show(lock.remaining())),
+        None => format!("validity {}", show(lock.remaining())),
+    };
     match rl.unlock(&lock) {
         Ok(n) => println!(
-            "acquired {resource:?} (validity {}) and released it on {n} of {} nodes",
-            show(validity),
+            "acquired {resource:?} ({got}) and released it on {n} of {} nodes",
             rl.settings().nodes.len()
         ),
         Err(e) => {
-            println!("acquired {resource:?} (validity {})", show(validity));
+            println!("acquired {resource:?} ({got})");
             eprintln!("quorumlock: releasing it: {e}");
         }
     }
@@ -34,7 +40,19 @@ pub fn try_once(builder: Builder, resource: &str, ttl: Duration) -> u8 {
 
 fn fail(e: &quorumlock::Error) -> u8 {
     eprintln!("quorumlock: {e}");
-    failure_code(e)
+    failure_code(e, EX_TEMPFAIL)
+}
+
+/// A holder's token as logs show it: its first 8 bytes and `…` (the whole token is a
+/// credential: whoever has it can release or extend the lock). The same 8 characters
+/// a command under `run` finds in `QUORUMLOCK_TOKEN_PREFIX`.
+fn prefix(token: &[u8]) -> String {
+    let shown = token[..token.len().min(8)].escape_ascii().to_string();
+    if token.len() > 8 {
+        format!("{shown}…")
+    } else {
+        shown
+    }
 }
 
 /// One line per node, then a summary: 0 if one token is held on a majority, else 1.
@@ -56,7 +74,7 @@ pub fn status(settings: &Settings, resource: &str) -> u8 {
                     None => tokens.push((token, 1)),
                 }
                 let pttl = pttl.map_or("none".to_string(), |p| format!("{}ms", p.as_millis()));
-                format!("held token={} pttl={pttl}", token.escape_ascii())
+                format!("held token={} pttl={pttl}", prefix(token))
             }
             (None, _) => "free".to_string(),
         };
@@ -71,7 +89,7 @@ pub fn status(settings: &Settings, resource: &str) -> u8 {
         Some(&(token, n)) if n >= quorum => {
             println!(
                 "{resource:?} is held: token {} on {n} of {} nodes (quorum {quorum})",
-                token.escape_ascii(),
+                prefix(token),
                 views.len()
             );
             0

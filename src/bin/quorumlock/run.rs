@@ -21,11 +21,19 @@
 //! in memory the two share (`Watchdog::kill_by`), and the run exits 70 if the watchdog
 //! killed the command. A pause of the whole machine, or of both processes (a cgroup
 //! freeze), is beyond it.
+//!
+//! A command that ended on its own while this process could not watch keeps its own
+//! status only if it ended inside the lock's validity: the watchdog notes the moment it
+//! saw the command exit (`Watchdog::exited_at`, never earlier than the exit), and the
+//! status stands when that is before the backstop of the deadline last seen and every
+//! renewal was won (so that only the deadline can have ended the lease). Otherwise a
+//! lease found lost at the reap counts as lost while the command ran (exit 70).
 
-use crate::args::{Args, show};
+use crate::args::{Args, Wait, show};
+use crate::report::Renewals;
 use crate::sys::{self, Signals, Watchdog};
 use crate::{EX_LOST, EX_OSERR, failure_code};
-use quorumlock::{Lease, SharedRedlock};
+use quorumlock::{Error, Lease, SharedRedlock};
 use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll};
@@ -58,14 +66,38 @@ pub fn check_rule(
     if ttl > kill_after && healthy_low >= s.saturating_mul(3) / 2 {
         return Ok(());
     }
+    // Every way out, with values that work with the other settings as given (by the
+    // 3 x rule, which always suffices).
+    let third = ttl / 3;
+    let mut alone = Vec::new();
+    if third > timeout {
+        alone.push(format!(
+            "--kill-after {} or less with this node timeout",
+            show(third - timeout)
+        ));
+    }
+    if third > kill_after {
+        alone.push(format!(
+            "--node-timeout {} or less with this kill-after",
+            show(third - kill_after)
+        ));
+    }
+    let alone = if alone.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", alone.join("; "))
+    };
     Err(format!(
-        "--ttl {} is too short for --kill-after {} and --timeout {}: the command would be \
-         stopped with the lock healthy, or killed after the lock expired; use --ttl {} or more \
-         (3 x (kill-after + timeout)), or see the stop rule in --help",
+        "--ttl {} is too short for --kill-after {} and --node-timeout {}: the command would \
+         be stopped with the lock healthy, or killed after the lock expired. Use a longer \
+         --ttl ({} or more: 3 x (kill-after + node-timeout)), or a shorter --kill-after \
+         and/or a shorter --node-timeout (together at most {}, a third of the ttl{alone}); \
+         see the stop rule in --help",
         show(ttl),
         show(kill_after),
         show(timeout),
         show(s.saturating_mul(3)),
+        show(third),
     ))
 }
 
@@ -84,7 +116,13 @@ struct Stopping {
     give_up: Option<Instant>,
 }
 
-pub fn run(args: &Args, builder: quorumlock::Builder, resource: &str, command: &[String]) -> u8 {
+pub fn run(
+    args: &Args,
+    builder: quorumlock::Builder,
+    renewals: &Renewals,
+    resource: &str,
+    command: &[String],
+) -> u8 {
     // Before any thread exists: the fork must copy a single-threaded process.
     let mut watchdog = match Watchdog::start() {
         Ok(w) => w,
@@ -96,14 +134,37 @@ pub fn run(args: &Args, builder: quorumlock::Builder, resource: &str, command: &
         Err(e) => return os_error(&e),
     };
     let code = match builder.build_shared() {
-        Ok(shared) => with_client(args, &shared, &signals, &mut watchdog, resource, command),
+        Ok(shared) => with_client(
+            args,
+            &shared,
+            &signals,
+            &mut watchdog,
+            renewals,
+            resource,
+            command,
+        ),
         Err(e) => {
             eprintln!("quorumlock: {e}");
-            failure_code(&e)
+            failure_code(&e, args.conflict_code)
         }
     };
     watchdog.disarm();
     code
+}
+
+/// What the command finds in its environment about its lock: `QUORUMLOCK_RESOURCE`,
+/// `QUORUMLOCK_TOKEN_PREFIX` (the token's first 8 characters, as logs and `Debug`
+/// show it: the whole token is a credential and never leaves this process) and
+/// `QUORUMLOCK_FENCE` when fenced. `None` removes a variable: a `QUORUMLOCK_FENCE` the
+/// command would inherit from an outer `quorumlock run` is not this lock's.
+fn child_env(resource: &str, lease: &Lease) -> Vec<(&'static str, Option<String>)> {
+    let token = lease.token();
+    let prefix = String::from_utf8_lossy(&token[..token.len().min(8)]).into_owned();
+    vec![
+        ("QUORUMLOCK_RESOURCE", Some(resource.to_string())),
+        ("QUORUMLOCK_TOKEN_PREFIX", Some(prefix)),
+        ("QUORUMLOCK_FENCE", lease.fence().map(|f| f.to_string())),
+    ]
 }
 
 fn os_error(e: &std::io::Error) -> u8 {
@@ -116,6 +177,7 @@ fn with_client(
     shared: &SharedRedlock,
     signals: &Signals,
     watchdog: &mut Watchdog,
+    renewals: &Renewals,
     resource: &str,
     command: &[String],
 ) -> u8 {
@@ -124,9 +186,9 @@ fn with_client(
         Err(code) => return code,
     };
     // The backstop is set before anything of the command runs.
-    let rule = Rule::new(args.kill_after, args.timeout);
+    let rule = Rule::new(args.kill_after, args.node_timeout);
     watchdog.kill_by(Some(rule.backstop(Instant::now() + lease.remaining())));
-    let pid = match sys::spawn(command, watchdog) {
+    let pid = match sys::spawn(command, &child_env(resource, &lease), watchdog) {
         Ok(pid) => pid,
         Err(e) => {
             eprintln!("quorumlock: cannot run {:?}: {e}", command[0]);
@@ -137,7 +199,7 @@ fn with_client(
             };
         }
     };
-    let code = supervise(&rule, &lease, signals, watchdog, pid);
+    let code = supervise(&rule, &lease, signals, watchdog, renewals, pid);
     // The group is gone: nothing is left for the watchdog to watch (and its pgid may be
     // reused by another group from now on).
     watchdog.kill_by(None);
@@ -148,8 +210,15 @@ fn with_client(
     code
 }
 
-/// Acquires the lease, giving up (128 + n) if a forwarded signal arrives meanwhile: the
-/// dropped acquisition is released in the background by the client.
+/// Acquires the lease as `-n` / `-w` / the default ask, giving up (128 + n) if a
+/// forwarded signal arrives meanwhile: the dropped acquisition is released in the
+/// background by the client.
+///
+/// The first attempt decides whether there is anything to wait for: only a lock held
+/// by another client is waited for (with the library's waiting path, woken by the
+/// holder's release notice); a first attempt that finds too few nodes answering fails
+/// at once (69), since a wrong `--nodes` is not something waiting cures. Once waiting,
+/// nodes that stop answering are retried until the wait ends.
 fn acquire(
     args: &Args,
     shared: &SharedRedlock,
@@ -158,14 +227,24 @@ fn acquire(
 ) -> Result<Lease, u8> {
     let waker = signals.waker();
     let mut cx = Context::from_waker(&waker);
-    let result = if args.wait.is_zero() {
-        block_on(shared.lease(resource, args.ttl), signals, &mut cx)
-    } else {
-        block_on(
-            shared.lease_within(resource, args.ttl, args.wait),
+    let start = Instant::now();
+    let first = block_on(shared.lease(resource, args.ttl), signals, &mut cx);
+    let result = match (first, args.wait) {
+        (Ok(Err(Error::Taken(_))), Wait::Within(wait)) => {
+            // The bound counts from the start: the first attempt's time is part of it.
+            let left = wait.saturating_sub(start.elapsed());
+            block_on(
+                shared.lease_within(resource, args.ttl, left),
+                signals,
+                &mut cx,
+            )
+        }
+        (Ok(Err(Error::Taken(_))), Wait::Forever) => block_on(
+            shared.lease_within(resource, args.ttl, Duration::MAX),
             signals,
             &mut cx,
-        )
+        ),
+        (first, _) => first,
     };
     match result {
         Err(sig) => {
@@ -173,8 +252,15 @@ fn acquire(
             Err(128 + sig as u8)
         }
         Ok(Err(e)) => {
-            eprintln!("quorumlock: {e}");
-            Err(failure_code(&e))
+            match (&e, args.wait) {
+                (Error::Taken(_), Wait::Within(wait)) => eprintln!(
+                    "quorumlock: {e}; gave up after {} (-w {})",
+                    show(start.elapsed()),
+                    show(wait)
+                ),
+                _ => eprintln!("quorumlock: {e}"),
+            }
+            Err(failure_code(&e, args.conflict_code))
         }
         Ok(Ok(lease)) => Ok(lease),
     }
@@ -246,12 +332,21 @@ impl Rule {
 
 /// Runs until the command (pid = pgid) has exited and its group is empty, stopping it
 /// by the stop rule and forwarding signals; returns the exit code.
-fn supervise(rule: &Rule, lease: &Lease, signals: &Signals, watchdog: &Watchdog, pid: u32) -> u8 {
+fn supervise(
+    rule: &Rule,
+    lease: &Lease,
+    signals: &Signals,
+    watchdog: &Watchdog,
+    renewals: &Renewals,
+    pid: u32,
+) -> u8 {
     let waker = signals.waker();
     let mut cx = Context::from_waker(&waker);
     let mut lost = pin!(lease.lost());
     let mut status: Option<u8> = None;
     let mut lost_while_running = false;
+    // The command was killed by the watchdog at the backstop (not just ended meanwhile).
+    let mut killed_by_watchdog = false;
     let mut stopping: Option<Stopping> = None;
     // The lease's local validity deadline as last seen while it was not lost (a lost
     // lease reports no remaining validity): what the SIGKILL must precede.
@@ -264,8 +359,19 @@ fn supervise(rule: &Rule, lease: &Lease, signals: &Signals, watchdog: &Watchdog,
                 // by the watchdog at the backstop, it was ended by the rule: this loop
                 // did not act in time (it was stopped, or stalled).
                 let by_watchdog = watchdog.fired() && i32::from(code) == 128 + sys::SIGKILL;
-                if stopping.is_none() && (lease.is_lost() || by_watchdog) {
+                // Lost by now, but maybe only since the command ended: when every renewal
+                // was won (the lease can only have run out at its deadline) and the
+                // watchdog saw the command exit before the backstop of that deadline (as
+                // last seen; the backstop's margin covers a deadline moved earlier that
+                // this loop has not seen yet), the command ended inside the lock's
+                // validity though this loop learns it late (it was stopped, or stalled).
+                let ended_in_time = renewals.all_won()
+                    && watchdog
+                        .exited_at()
+                        .is_some_and(|exit| exit < rule.backstop(deadline));
+                if stopping.is_none() && (by_watchdog || (lease.is_lost() && !ended_in_time)) {
                     lost_while_running = true;
+                    killed_by_watchdog = by_watchdog;
                 }
             }
         }
@@ -303,14 +409,21 @@ fn supervise(rule: &Rule, lease: &Lease, signals: &Signals, watchdog: &Watchdog,
             })
         );
         if group_running && !lease_stopping && (is_lost || remaining <= rule.line) {
-            if is_lost {
-                eprintln!("quorumlock: the lock was lost; stopping the command");
+            let why = if is_lost {
+                "the lock was lost; stopping the command".to_string()
             } else {
-                eprintln!(
-                    "quorumlock: the lock's validity fell to {} (stop line {}); stopping the command",
+                format!(
+                    "the lock's validity fell to {} (stop line {}); stopping the command",
                     show(remaining),
                     show(rule.line)
-                );
+                )
+            };
+            let why = format!(
+                "{why} (SIGTERM to its process group, SIGKILL {} later at the latest)",
+                show(rule.kill_at(now, deadline).saturating_duration_since(now))
+            );
+            for line in renewals.stop_lines(&why, deadline) {
+                eprintln!("{line}");
             }
             stopping = Some(match stopping.take() {
                 // Its SIGTERM went already: only the SIGKILL may have to come sooner.
@@ -365,13 +478,18 @@ fn supervise(rule: &Rule, lease: &Lease, signals: &Signals, watchdog: &Watchdog,
             why: Stop::Lease, ..
         }) => EX_LOST,
         _ if lost_while_running => {
-            if watchdog.fired() {
-                eprintln!(
-                    "quorumlock: quorumlock could not act in time (stopped, or stalled): its \
-                     watchdog killed the command before the lock's validity ran out"
-                );
+            if killed_by_watchdog {
+                let why = "quorumlock could not act in time (stopped, or stalled): its \
+                           watchdog killed the command before the lock's validity ran out";
+                for line in renewals.stop_lines(why, deadline) {
+                    eprintln!("{line}");
+                }
             } else {
-                eprintln!("quorumlock: the lock was lost before the command finished");
+                let why = "the lock was lost before the command finished (it ended while \
+                           quorumlock could not watch)";
+                for line in renewals.stop_lines(why, deadline) {
+                    eprintln!("{line}");
+                }
             }
             EX_LOST
         }
@@ -414,6 +532,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_ttl_too_short_names_every_way_out_with_values_that_work() {
+        let (ttl, k, t) = (6000 * MS, 2000 * MS, 1000 * MS);
+        let e = check_rule(ttl, k, t, 0.01).unwrap_err();
+        for needle in [
+            "a longer --ttl (9s or more",
+            "a shorter --kill-after and/or a shorter --node-timeout (together at most 2s",
+            "--kill-after 1s or less with this node timeout",
+        ] {
+            assert!(e.contains(needle), "{needle:?} in {e}");
+        }
+        // ttl/3 = kill-after: no node timeout alone would do; not offered.
+        assert!(!e.contains("--node-timeout 0"), "{e}");
+        assert!(check_rule(9000 * MS, k, t, 0.01).is_ok());
+        assert!(check_rule(ttl, 1000 * MS, t, 0.01).is_ok());
+        let e = check_rule(ttl, 1500 * MS, 1500 * MS, 0.01).unwrap_err();
+        assert!(e.contains("--kill-after 500ms or less"), "{e}");
+        assert!(e.contains("--node-timeout 500ms or less"), "{e}");
+        assert!(check_rule(ttl, 1500 * MS, 500 * MS, 0.01).is_ok());
+        assert!(check_rule(ttl, 500 * MS, 1500 * MS, 0.01).is_ok());
     }
 
     #[test]

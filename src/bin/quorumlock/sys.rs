@@ -9,8 +9,8 @@
 //!   (async-signal-safe), and restores `errno`.
 //! - The watchdog is forked while the process has one thread, and after the fork only
 //!   calls async-signal-safe functions (`setpgid`, `sigaction`, `open`, `dup2`,
-//!   `close`, `read`, `ppoll`, `clock_gettime`, `kill`, `_exit`) on stack data and
-//!   atomics in the shared page.
+//!   `close`, `read`, `ppoll`, `clock_gettime`, `kill`, `_exit`, and the raw
+//!   `pidfd_open` system call) on stack data and atomics in the shared page.
 //! - Every descriptor made here is close-on-exec: the command never inherits the
 //!   self-pipe or the watchdog's pipe.
 //! - The watchdog learns the command's process group from the command itself, between
@@ -20,6 +20,10 @@
 //!   validity deadline less a margin), which quorumlock moves with every extend: a
 //!   quorumlock that is alive but cannot act (SIGSTOP, starved of CPU) cannot let the
 //!   command outlive the lock either.
+//! - The watchdog notes when the command's process exited (a pidfd on Linux, which
+//!   becomes readable at the exit, zombie or not), in the shared page: the moment it
+//!   noticed, never earlier than the exit. quorumlock, stopped while the command ended,
+//!   learns from it that the command ended while the lock was still valid.
 //! - quorumlock ignores the job-control stops (SIGTSTP, SIGTTIN, SIGTTOU): stopped, it
 //!   could neither keep the lock alive nor stop the command, which runs on in its own
 //!   group. The command gets them back as quorumlock found them.
@@ -200,10 +204,21 @@ pub fn become_subreaper() {
 
 /// Starts `argv` in a new process group of its own (its pgid is its pid), with SIGKILL
 /// as its parent-death signal, the job-control stops as quorumlock found them, and
-/// `watchdog` armed with its group before it execs. Returns its pid.
-pub fn spawn(argv: &[String], watchdog: &Watchdog) -> io::Result<u32> {
+/// `watchdog` armed with its group before it execs; `env` set (`Some`) or removed
+/// (`None`) in its environment. Returns its pid.
+pub fn spawn(
+    argv: &[String],
+    env: &[(&str, Option<String>)],
+    watchdog: &Watchdog,
+) -> io::Result<u32> {
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).process_group(0);
+    for (name, value) in env {
+        match value {
+            Some(v) => cmd.env(name, v),
+            None => cmd.env_remove(name),
+        };
+    }
     let parent = std::process::id() as libc::pid_t;
     let arm = watchdog.write.as_ref().map(AsRawFd::as_raw_fd);
     // SAFETY: the closure runs in the child between fork and exec and only makes
@@ -308,6 +323,9 @@ struct Shared {
     kill_by: AtomicU64,
     /// Set by the watchdog when it killed the group at the backstop.
     fired: AtomicBool,
+    /// `CLOCK_MONOTONIC` nanoseconds at which the watchdog noticed the command's process
+    /// exit (no earlier than the exit), or 0: not seen (still running, or no pidfd).
+    exited_at: AtomicU64,
 }
 
 /// The longest the watchdog sleeps between two looks at the backstop: short sleeps keep
@@ -385,6 +403,20 @@ impl Watchdog {
     pub fn fired(&self) -> bool {
         self.shared.fired.load(Ordering::SeqCst)
     }
+
+    /// When the watchdog saw the command's process exit: no earlier than the exit
+    /// itself. `None` if it has not (yet), or cannot tell (no pidfd: not Linux, a
+    /// kernel before 5.3, a sandbox that refuses the call).
+    pub fn exited_at(&self) -> Option<Instant> {
+        let at = self.shared.exited_at.load(Ordering::SeqCst);
+        if at == 0 {
+            return None;
+        }
+        // The monotonic clock read first: a pause between the two readings makes the
+        // moment later, never earlier.
+        let ago = monotonic_ns().saturating_sub(at);
+        Instant::now().checked_sub(Duration::from_nanos(ago))
+    }
 }
 
 /// The backstop's "none".
@@ -446,6 +478,24 @@ fn watchdog(read: RawFd, write: RawFd, shared: &Shared) -> ! {
         let pgid = i32::from_ne_bytes(pgid);
         let step = WATCH_STEP.as_nanos() as u64;
         let mut fired = false;
+        // The command's pid is its pgid. A pidfd becomes readable when it exits; -1
+        // (ppoll skips a negative fd) when there is none, or once its exit is noted.
+        #[cfg(target_os = "linux")]
+        let exit_fd = libc::syscall(libc::SYS_pidfd_open, pgid, 0) as libc::c_int;
+        #[cfg(not(target_os = "linux"))]
+        let exit_fd: libc::c_int = -1;
+        let mut ready = [
+            libc::pollfd {
+                fd: read,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if exit_fd >= 0 { exit_fd } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
         loop {
             // Sleep until the backstop or for a step, whichever is sooner (a new
             // backstop may have been set meanwhile), or until the pipe has news.
@@ -470,14 +520,24 @@ fn watchdog(read: RawFd, write: RawFd, shared: &Shared) -> ! {
                 tv_sec: (wait / 1_000_000_000) as libc::time_t,
                 tv_nsec: (wait % 1_000_000_000) as libc::c_long,
             };
-            let mut ready = libc::pollfd {
-                fd: read,
-                events: libc::POLLIN,
-                revents: 0,
-            };
             // ppoll, not poll: the timeout in nanoseconds, not rounded up to a millisecond.
             // An error (EINTR, or anything else) just looks again.
-            if libc::ppoll(&mut ready, 1, &timeout, std::ptr::null()) <= 0 {
+            ready[0].revents = 0;
+            ready[1].revents = 0;
+            if libc::ppoll(ready.as_mut_ptr(), 2, &timeout, std::ptr::null()) <= 0 {
+                continue;
+            }
+            if ready[1].revents != 0 {
+                // The command exited (or the pidfd failed: then nothing is noted). Either
+                // way it is not watched again.
+                if ready[1].revents & libc::POLLIN != 0 {
+                    shared
+                        .exited_at
+                        .store(monotonic_ns().max(1), Ordering::SeqCst);
+                }
+                ready[1].fd = -1;
+            }
+            if ready[0].revents == 0 {
                 continue;
             }
             let mut byte = [0u8; 1];
