@@ -215,16 +215,7 @@ impl Lock {
     }
 }
 
-/// A token in `Debug` output: enough of its start to tell locks apart in logs (a
-/// quarter of it, at most 8 bytes, escaped), never the whole credential.
-struct TokenPrefix<'a>(&'a [u8]);
-
-impl fmt::Debug for TokenPrefix<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown = &self.0[..(self.0.len() / 4).min(8)];
-        write!(f, "{}…", shown.escape_ascii())
-    }
-}
+use crate::core::token::Prefix as TokenPrefix;
 
 impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -16,7 +16,7 @@
 
 use crate::core::quorum::extended_until;
 use crate::core::round::Decision;
-use crate::core::token::Token;
+use crate::core::token::{Prefix, Token};
 use crate::error::Error;
 use crate::shared::SharedRedlock;
 use std::future::Future;
@@ -99,7 +99,6 @@ pub fn renewal(
 }
 
 /// What a lease's holder and the loop share.
-#[derive(Debug)]
 pub(crate) struct LeaseShared {
     resource: Box<[u8]>,
     token: Token,
@@ -109,7 +108,6 @@ pub(crate) struct LeaseShared {
     changed: Condvar,
 }
 
-#[derive(Debug)]
 pub(crate) struct LeaseState {
     /// The local validity deadline of the current term.
     pub deadline: Instant,
@@ -212,11 +210,40 @@ impl LeaseState {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug)]
 pub struct Lease {
     shared: Arc<LeaseShared>,
     client: SharedRedlock,
     released: bool,
+}
+
+impl std::fmt::Debug for LeaseShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (deadline, lost) = {
+            let s = self.state();
+            (s.deadline, s.lost)
+        };
+        f.debug_struct("LeaseShared")
+            .field("resource", &crate::error::Escaped(&self.resource))
+            // A prefix to tell leases apart in logs; the whole token is a credential.
+            .field("token", &Prefix(self.token.as_bytes()))
+            .field("fence", &self.fence)
+            .field("deadline", &deadline)
+            .field("lost", &lost)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("resource", &crate::error::Escaped(self.resource()))
+            // A prefix to tell leases apart in logs; the whole token is a credential.
+            .field("token", &Prefix(self.token()))
+            .field("fence", &self.fence())
+            .field("remaining", &self.remaining())
+            .field("lost", &self.is_lost())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Lease {
