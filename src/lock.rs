@@ -31,6 +31,7 @@ pub const INLINE_RESOURCE: usize = 64;
 /// # Ok::<(), quorumlock::Error>(())
 /// ```
 #[derive(Clone)]
+#[must_use = "a Lock dropped unused is not released: its keys stay held until their ttl ends; pass it to unlock"]
 pub struct Lock {
     resource: Resource,
     token: Token,

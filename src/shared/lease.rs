@@ -210,6 +210,7 @@ impl LeaseState {
 /// # Ok(())
 /// # }
 /// ```
+#[must_use = "dropping a Lease releases it at once: bind it (`let lease = ...`) for as long as the work runs"]
 pub struct Lease {
     shared: Arc<LeaseShared>,
     client: SharedRedlock,

@@ -382,6 +382,7 @@ impl SharedRedlock {
     /// `retry_count` retries, `retry_delay ± retry_jitter` apart); same errors.
     ///
     /// [`Redlock::lock`]: crate::Redlock::lock
+    #[must_use = "dropping the returned Lock unused leaves its keys held until their ttl ends; the future does nothing unless awaited"]
     pub async fn lock(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         let attempts = self.settings().retry_count.saturating_add(1);
         let resource = resource.as_ref();
@@ -401,6 +402,7 @@ impl SharedRedlock {
     /// One attempt to acquire `resource` for `ttl`, as [`Redlock::try_lock`].
     ///
     /// [`Redlock::try_lock`]: crate::Redlock::try_lock
+    #[must_use = "dropping the returned Lock unused leaves its keys held until their ttl ends; the future does nothing unless awaited"]
     pub async fn try_lock(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         let resource = resource.as_ref();
         locked(self.run(|r| fill_lock(r, resource, ttl, 1, None)).await)
@@ -420,6 +422,7 @@ impl SharedRedlock {
     /// the rules and caveats of [`Redlock::lock_with_token`].
     ///
     /// [`Redlock::lock_with_token`]: crate::Redlock::lock_with_token
+    #[must_use = "dropping the returned Lock unused leaves its keys held until their ttl ends; the future does nothing unless awaited"]
     pub async fn lock_with_token(
         &self,
         resource: impl AsRef<[u8]>,
@@ -450,6 +453,7 @@ impl SharedRedlock {
     /// rules of [`Redlock::lock_with_token`].
     ///
     /// [`Redlock::lock_with_token`]: crate::Redlock::lock_with_token
+    #[must_use = "dropping the returned Lock unused leaves its keys held until their ttl ends; the future does nothing unless awaited"]
     pub async fn try_lock_with_token(
         &self,
         resource: impl AsRef<[u8]>,
@@ -479,6 +483,7 @@ impl SharedRedlock {
     /// otherwise every `retry_delay ± retry_jitter`. No attempt starts after `wait`; a
     /// call that fails returns no earlier than `wait` from its start, and at most one
     /// attempt's bound (`node_timeout`) after it. The error is the last attempt's.
+    #[must_use = "dropping the returned Lock unused leaves its keys held until their ttl ends; the future does nothing unless awaited"]
     pub async fn lock_within(
         &self,
         resource: impl AsRef<[u8]>,
@@ -508,6 +513,7 @@ impl SharedRedlock {
     /// Acquires every resource in `resources` or none, as [`Redlock::lock_all`].
     ///
     /// [`Redlock::lock_all`]: crate::Redlock::lock_all
+    #[must_use = "dropping the returned Lock unused leaves its keys held until their ttl ends; the future does nothing unless awaited"]
     pub async fn lock_all<R: AsRef<[u8]>>(
         &self,
         resources: &[R],
@@ -576,6 +582,7 @@ impl SharedRedlock {
 
     /// Acquires `resource` for `ttl` with retries (as [`SharedRedlock::lock`]), then keeps
     /// it alive (see [`Lease`]) until the lease is released, dropped or lost.
+    #[must_use = "dropping the returned Lease releases it at once; the future does nothing unless awaited"]
     pub async fn lease(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lease, Error> {
         let attempts = self.settings().retry_count.saturating_add(1);
         let resource = resource.as_ref();
@@ -611,6 +618,7 @@ impl SharedRedlock {
     /// # Ok(())
     /// # }
     /// ```
+    #[must_use = "dropping the returned Lease releases it at once; the future does nothing unless awaited"]
     pub async fn lease_within(
         &self,
         resource: impl AsRef<[u8]>,
