@@ -90,6 +90,10 @@ fn no_public_type_shows_a_whole_token() {
     let lease = shared.blocking_lease("redaction:lease", TTL).unwrap();
     let mut shown = debug_forms(&lease).to_vec();
     shown.extend(debug_forms(&lease.lost()));
+    let signal = lease.lost_signal();
+    shown.extend(debug_forms(&signal));
+    shown.extend(debug_forms(&signal.before(Duration::from_secs(1))));
+    shown.extend(debug_forms(&signal.lost()));
     shown.extend(debug_forms(&shared));
     assert_redacted("Lease", lease.token(), &shown);
     lease.blocking_release().unwrap();
