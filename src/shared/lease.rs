@@ -145,6 +145,11 @@ pub(crate) struct LeaseState {
     /// list).
     wakers: Vec<Waiter>,
     next_id: u64,
+    /// The moment of this lease's live entry on the timer thread, if it has one: a new
+    /// waiter or an earlier deadline adds an entry only when it is due sooner, so that
+    /// a task creating `lost()` futures in a loop does not pile up entries (an entry
+    /// popped at another moment than this one is stale, and ignored).
+    timer_at: Option<Stamp>,
 }
 
 impl LeaseShared {
@@ -165,6 +170,7 @@ impl LeaseShared {
                 last_error: None,
                 wakers: Vec::new(),
                 next_id: 0,
+                timer_at: None,
             }),
             changed: Condvar::new(),
         })
@@ -193,9 +199,13 @@ impl LeaseShared {
             s.last_error = failed;
             // Waiters timed for the old deadline: the timer comes back when it passes,
             // and finds the new one; one set earlier needs its own entry.
-            (s.until < before && !s.wakers.is_empty()).then(|| s.next_due())
+            if s.until < before {
+                s.next_due().and_then(|at| s.arm(at))
+            } else {
+                None
+            }
         };
-        if let Some(Some(at)) = earlier {
+        if let Some(at) = earlier {
             timer::schedule(at, self);
         }
         true
@@ -229,12 +239,17 @@ impl LeaseShared {
         self.state().why.is_some()
     }
 
-    /// The timer thread's visit ([`timer`]): marks the lease lost if its deadline has
-    /// passed, wakes the waiters whose margin has come; returns when to come back (the
-    /// next waiter's moment), or `None` when no one waits any more.
-    pub fn tick(&self) -> Option<Stamp> {
+    /// The timer thread's visit for its entry due `at` ([`timer`]): marks the lease
+    /// lost if its deadline has passed, wakes the waiters whose margin has come; returns
+    /// when to come back (the next waiter's moment), or `None` when no one waits any
+    /// more (or the entry was stale).
+    pub fn tick(&self, at: Stamp) -> Option<Stamp> {
         let now = clock::now();
         let mut s = self.state();
+        if s.timer_at != Some(at) {
+            return None;
+        }
+        s.timer_at = None;
         if s.why.is_some() {
             return None;
         }
@@ -253,6 +268,7 @@ impl LeaseShared {
             !fire
         });
         let next = s.next_due();
+        s.timer_at = next;
         drop(s);
         if !due.is_empty() {
             self.changed.notify_all();
@@ -315,9 +331,12 @@ impl LeaseShared {
             waker: cx.waker().clone(),
         });
         *id = Some(new);
-        let at = s.until.saturating_sub(margin);
+        let due = s.until.saturating_sub(margin);
+        let at = s.arm(due);
         drop(s);
-        timer::schedule(at, self);
+        if let Some(at) = at {
+            timer::schedule(at, self);
+        }
         Poll::Pending
     }
 
@@ -391,6 +410,16 @@ impl LeaseState {
         }
     }
 
+    /// Records a timer entry due `at` if none is due sooner: `Some(at)` when one must be
+    /// added, `None` when the live entry comes first.
+    fn arm(&mut self, at: Stamp) -> Option<Stamp> {
+        if self.timer_at.is_some_and(|t| t <= at) {
+            return None;
+        }
+        self.timer_at = Some(at);
+        Some(at)
+    }
+
     /// The earliest moment a waiter is due, if any waits.
     fn next_due(&self) -> Option<Stamp> {
         self.wakers
@@ -408,6 +437,7 @@ impl LeaseState {
             last_error: None,
             wakers: Vec::new(),
             next_id: 0,
+            timer_at: None,
         }
     }
 }
@@ -902,6 +932,23 @@ mod tests {
         let marked = LeaseState::for_test(deadline, Some(LostReason::MaxHold));
         assert!(marked.is_lost(now));
         assert!(matches!(marked.reason(now), Some(LostReason::MaxHold)));
+    }
+
+    /// A lease keeps one timer entry: a waiter due later than the live entry adds none
+    /// (a task polling new `lost()` futures in a loop piles nothing up); one due sooner
+    /// replaces it.
+    #[test]
+    fn a_lease_adds_a_timer_entry_only_when_due_sooner() {
+        let base = Instant::now();
+        let mut s = LeaseState::for_test(at(base, 1000), None);
+        let until = s.until;
+        assert_eq!(s.arm(until), Some(until));
+        for _ in 0..1000 {
+            assert_eq!(s.arm(until), None);
+        }
+        let sooner = until.saturating_sub(Duration::from_millis(100));
+        assert_eq!(s.arm(sooner), Some(sooner));
+        assert_eq!(s.arm(until), None);
     }
 
     /// At the deadline, the reason is what the last failed renewal said: too few nodes

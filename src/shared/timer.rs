@@ -12,11 +12,13 @@
 //! - An entry is due at a [`Stamp`] (the suspend-counting clock). The thread waits on a
 //!   condition variable for at most [`MAX_SLEEP`] at a time, so that after a suspend
 //!   (during which the wait's monotonic clock stood still) it is late by at most that.
-//! - An entry holds its lease weakly: a lease gone is dropped from here when due. When an
-//!   entry fires early (the deadline moved later, by a renewal), the lease says when to
-//!   come back ([`LeaseShared::tick`]) and is put back; a deadline moved earlier puts a
-//!   new entry in ([`schedule`]). Entries never outnumber the waits plus the deadline
-//!   moves, and each goes by its deadline.
+//! - An entry holds its lease weakly: a lease gone is dropped from here when due. A lease
+//!   has one live entry at a time (it records its moment): a new waiter or an earlier
+//!   deadline adds one only when due sooner, and the one replaced is ignored when it
+//!   pops. When the live entry fires early (the deadline moved later, by a renewal), the
+//!   lease says when to come back ([`LeaseShared::tick`]) and is put back. So entries
+//!   never outnumber the leases waited on plus the times one's moment moved earlier, and
+//!   each goes at its moment.
 //! - Wakers run on this thread, outside its lock, each behind `catch_unwind` (a task's
 //!   waker is caller code): one that panics does not stop the others.
 //! - The thread is started on the first wait and lives as long as the process, parked
@@ -103,7 +105,7 @@ pub(crate) fn schedule(at: Stamp, lease: &Arc<LeaseShared>) {
 
 fn run() {
     let t = timer();
-    let mut ready: Vec<Arc<LeaseShared>> = Vec::new();
+    let mut ready: Vec<(Stamp, Arc<LeaseShared>)> = Vec::new();
     loop {
         {
             let mut timers = t.timers.lock().unwrap_or_else(|e| e.into_inner());
@@ -117,7 +119,7 @@ fn run() {
                         break;
                     };
                     if let Some(lease) = e.lease.upgrade() {
-                        ready.push(lease);
+                        ready.push((e.at, lease));
                     }
                 }
                 if !ready.is_empty() {
@@ -135,8 +137,8 @@ fn run() {
                 };
             }
         }
-        for lease in ready.drain(..) {
-            if let Some(next) = lease.tick() {
+        for (at, lease) in ready.drain(..) {
+            if let Some(next) = lease.tick(at) {
                 schedule(next, &lease);
             }
         }
