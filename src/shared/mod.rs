@@ -29,6 +29,11 @@
 //! - A request is queued (or begun in place, see above) on a future's first poll. A
 //!   future dropped after that is the cancellation case: anything it acquired, or may
 //!   have, is released in the background.
+//! - A lease's lost signal never waits for this loop: `is_lost` reads the clock, and
+//!   waiters are woken at the deadline by a process-wide timer thread or their own timed
+//!   sleep ([`lease`]'s invariants), so an observer callback or a round holding the loop
+//!   thread cannot delay them. [`SharedRedlock::with_lease`] drops its work at that
+//!   signal.
 //!
 //! [`Redlock`]: crate::Redlock
 
