@@ -263,3 +263,42 @@ fn a_failed_release_is_the_calls_error() {
         "expected the release's Unavailable, got {result:?}"
     );
 }
+
+/// The future of `with_lease` is `Send` when its work is: it can be spawned on a
+/// multi-threaded runtime, its work borrowing the lease across awaits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lease_can_be_spawned() {
+    let cluster = Cluster::start(3);
+    let client = shared(&cluster);
+    let task = tokio::spawn(async move {
+        client
+            .with_lease(
+                "with_lease:spawned",
+                Duration::from_secs(10),
+                async |lease: &Lease| {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    lease.fence()
+                },
+            )
+            .await
+    });
+    let fence = task.await.expect("the task ran").expect("held throughout");
+    assert_eq!(fence, None, "fencing is off");
+    // A lost signal moves into a task of its own.
+    let client = shared(&cluster);
+    let lease = client
+        .lease("with_lease:signal", Duration::from_secs(10))
+        .await
+        .unwrap();
+    let signal = lease.lost_signal();
+    let watcher = tokio::spawn(async move {
+        signal.clone().await;
+        signal.reason()
+    });
+    lease.release().await.unwrap();
+    let why = watcher.await.unwrap();
+    assert!(
+        matches!(why, Some(LostReason::Released)),
+        "a released lease's signal says so: {why:?}"
+    );
+}
