@@ -229,6 +229,16 @@ fn a_lease_is_lost_by_its_deadline_when_a_majority_freezes() {
     assert!(lost, "lost by its deadline");
     assert!(lease.is_lost());
     assert_eq!(lease.remaining(), Duration::ZERO);
+    // At its deadline, for want of answers (`Expired` only if no renewal was decided
+    // before the deadline, on a very slow machine): never a takeover.
+    let why = lease.lost_reason().expect("lost");
+    assert!(
+        matches!(
+            why,
+            quorumlock::LostReason::TooFewNodes { .. } | quorumlock::LostReason::Expired { .. }
+        ),
+        "{why:?}"
+    );
     // Once lost, lost for good: it is never re-extended.
     std::thread::sleep(ttl);
     assert!(lease.is_lost());
@@ -375,6 +385,12 @@ fn a_lease_whose_key_is_taken_over_is_lost_and_never_taken_back() {
         lease.wait_lost(ttl * 20),
         "the next extend finds the key is not ours"
     );
+    let why = lease.lost_reason().expect("lost");
+    assert!(
+        matches!(why, quorumlock::LostReason::TakenOver { .. }),
+        "a majority's refusal is a takeover: {why:?}"
+    );
+    assert!(why.last_error().is_some(), "with the renewal's answers");
     // Never re-taken: the intruder's value stays on every node.
     std::thread::sleep(ttl);
     for n in 0..5 {
@@ -400,6 +416,11 @@ fn a_lease_is_released_and_lost_at_its_maximum_hold() {
         .blocking_lease("shared:hold", Duration::from_millis(300))
         .unwrap();
     assert!(lease.wait_lost(Duration::from_secs(30)), "lost at max_hold");
+    assert!(
+        matches!(lease.lost_reason(), Some(quorumlock::LostReason::MaxHold)),
+        "{:?}",
+        lease.lost_reason()
+    );
     assert!(wait_until(Duration::from_secs(10), || holders(
         &cluster,
         "shared:hold"
