@@ -797,3 +797,53 @@ impl fmt::Debug for Escaped<'_> {
         write!(f, "\"{}\"", self.0.escape_ascii())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(resource: &[u8]) -> Failure {
+        Failure {
+            op: Phase::Extend,
+            resource: resource.to_vec(),
+            attempts: 1,
+            quorum: 3,
+            elapsed: Duration::from_millis(100),
+            nodes: Vec::new(),
+        }
+    }
+
+    /// `Error::Lost` names its resource (as text, bytes that are not UTF-8 replaced, at
+    /// most 200 bytes of it) and why, with the last renewal's error as its source.
+    #[test]
+    fn a_lost_lease_says_which_resource_and_why() {
+        let last = Error::Unavailable(failure(b"jobs:\xffnightly"));
+        let e = Error::Lost {
+            resource: b"jobs:\xffnightly".to_vec(),
+            why: LostReason::TooFewNodes {
+                last: Box::new(last),
+            },
+        };
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with("lease of \"jobs:\u{fffd}nightly\" lost: too few nodes"),
+            "{shown}"
+        );
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(e.failure().is_none());
+
+        let long = vec![b'x'; 10_000];
+        let e = Error::Lost {
+            resource: long,
+            why: LostReason::MaxHold,
+        };
+        let shown = e.to_string();
+        assert!(shown.len() < 400, "{shown}");
+        assert!(shown.contains("first 200 of 10000 bytes"), "{shown}");
+        assert!(
+            shown.ends_with("maximum hold (Builder::max_hold)"),
+            "{shown}"
+        );
+        assert!(std::error::Error::source(&e).is_none());
+    }
+}
