@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Cluster, wait_until};
+use common::{Cluster, block_on, wait_until};
 use quorumlock::{Error, Lease, Lock, Redlock, SharedRedlock};
 use std::future::Future;
 use std::pin::pin;
@@ -478,28 +478,6 @@ impl quorumlock::Observer for Sleepy {
             self.events.fetch_add(1, Ordering::Relaxed);
             std::thread::sleep(self.sleep);
         }
-    }
-}
-
-/// Wakes the thread that runs [`block_on`].
-struct Unpark(std::thread::Thread);
-
-impl std::task::Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// Runs `fut` to the end on this thread: no runtime, a waker that unparks it.
-fn block_on<F: Future>(fut: F) -> F::Output {
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut fut = pin!(fut);
-    loop {
-        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::park();
     }
 }
 

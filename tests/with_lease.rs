@@ -6,13 +6,10 @@
 
 mod common;
 
-use common::{Cluster, wait_until};
+use common::{Cluster, block_on, wait_until};
 use quorumlock::{Error, Lease, LostReason, Redlock, SharedRedlock};
-use std::future::Future;
-use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 /// How late past a lease's deadline its loss may be seen: time for the timer thread and
@@ -34,28 +31,6 @@ fn holders(cluster: &Cluster, key: &str) -> usize {
     (0..cluster.len())
         .filter(|&n| cluster.node(n).admin().exists(key))
         .count()
-}
-
-/// Wakes the thread that runs [`block_on`].
-struct Unpark(std::thread::Thread);
-
-impl Wake for Unpark {
-    fn wake(self: Arc<Self>) {
-        self.0.unpark();
-    }
-}
-
-/// Runs `fut` to the end on this thread: no runtime, only a waker that unparks it.
-fn block_on<F: Future>(fut: F) -> F::Output {
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut fut = pin!(fut);
-    loop {
-        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-            return v;
-        }
-        std::thread::park();
-    }
 }
 
 /// Sets its flag, and the moment, when dropped: shows that the work future was dropped.
