@@ -186,7 +186,7 @@ impl LeaseShared {
     /// renewal answered after the deadline never revives a lease a caller may have
     /// seen lost; it is then marked lost here, under the same lock callers read).
     pub fn set_deadline(self: &Arc<Self>, deadline: Instant, failed: Option<Error>) -> bool {
-        let earlier = {
+        let (sooner, entry) = {
             let mut s = self.state();
             if s.is_lost(clock::now()) {
                 drop(s);
@@ -198,14 +198,20 @@ impl LeaseShared {
             s.until = clock::stamp_of(deadline);
             s.last_error = failed;
             // Waiters timed for the old deadline: the timer comes back when it passes,
-            // and finds the new one; one set earlier needs its own entry.
-            if s.until < before {
+            // and finds the new one; one set earlier needs its own entry, and blocked
+            // threads a new sleep.
+            let sooner = s.until < before;
+            let entry = if sooner {
                 s.next_due().and_then(|at| s.arm(at))
             } else {
                 None
-            }
+            };
+            (sooner, entry)
         };
-        if let Some(at) = earlier {
+        if sooner {
+            self.changed.notify_all();
+        }
+        if let Some(at) = entry {
             timer::schedule(at, self);
         }
         true
@@ -932,6 +938,103 @@ mod tests {
         let marked = LeaseState::for_test(deadline, Some(LostReason::MaxHold));
         assert!(marked.is_lost(now));
         assert!(matches!(marked.reason(now), Some(LostReason::MaxHold)));
+    }
+
+    /// Wakes the test thread.
+    struct Unpark(std::thread::Thread);
+
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+
+    /// Polls `lease`'s loss (with `margin`) until it fires, parked in between; false if
+    /// nothing woke it within 30 s (a bound far beyond every deadline used here).
+    fn woken(lease: &Arc<LeaseShared>, margin: Duration) -> bool {
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        let mut id = None;
+        let give_up = Instant::now() + Duration::from_secs(30);
+        loop {
+            if lease.poll_fired(margin, &mut id, &mut cx).is_ready() {
+                lease.forget(id);
+                return true;
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                return false;
+            }
+            std::thread::park_timeout(give_up - now);
+        }
+    }
+
+    fn unavailable() -> Error {
+        Error::Unavailable(crate::error::Failure {
+            op: crate::error::Phase::Extend,
+            resource: b"r".to_vec(),
+            attempts: 1,
+            quorum: 2,
+            elapsed: Duration::ZERO,
+            nodes: Vec::new(),
+        })
+    }
+
+    /// With no loop at all, the timer thread wakes a waiter at the lease's deadline, and
+    /// one with a margin that much before it (while the lease is still held).
+    #[test]
+    fn the_timer_thread_wakes_waiters_by_the_deadline_without_any_loop() {
+        let lease = LeaseShared::new(
+            b"r",
+            Token::from_bits(1),
+            None,
+            Instant::now() + Duration::from_millis(400),
+        );
+        assert!(
+            woken(&lease, Duration::from_millis(300)),
+            "the margin's waiter"
+        );
+        assert!(woken(&lease, Duration::ZERO), "the deadline's waiter");
+        assert!(lease.state().is_lost(clock::now()));
+        assert!(matches!(
+            lease.reason(),
+            Some(LostReason::Expired { last: None })
+        ));
+    }
+
+    /// A deadline moved earlier (a failed renewal) wakes the waiters by the new one, not
+    /// the old: here 60 s, beyond the 30 s the test waits.
+    #[test]
+    fn a_deadline_moved_earlier_wakes_waiters_by_the_new_one() {
+        let lease = LeaseShared::new(
+            b"r",
+            Token::from_bits(2),
+            None,
+            Instant::now() + Duration::from_secs(60),
+        );
+        let waiter = {
+            let lease = Arc::clone(&lease);
+            std::thread::spawn(move || woken(&lease, Duration::ZERO))
+        };
+        let blocked = {
+            let lease = Arc::clone(&lease);
+            std::thread::spawn(move || lease.wait(Duration::ZERO, Duration::from_secs(30)))
+        };
+        // Once both wait (or not: either way they must see the new deadline).
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(lease.set_deadline(
+            Instant::now() + Duration::from_millis(100),
+            Some(unavailable())
+        ));
+        assert!(waiter.join().unwrap(), "the future's waker was rung");
+        assert!(blocked.join().unwrap(), "the blocked thread woke");
+        assert!(matches!(
+            lease.reason(),
+            Some(LostReason::TooFewNodes { .. })
+        ));
+        // Lost stays lost: a later deadline does not revive it.
+        assert!(!lease.set_deadline(Instant::now() + Duration::from_secs(60), None));
+        assert!(lease.state().is_lost(clock::now()));
     }
 
     /// A lease keeps one timer entry: a waiter due later than the live entry adds none
