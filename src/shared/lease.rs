@@ -969,27 +969,28 @@ mod tests {
         }
     }
 
-    fn unavailable() -> Error {
-        Error::Unavailable(crate::error::Failure {
+    /// A renewal's failure, with no node detail.
+    fn failure() -> crate::error::Failure {
+        crate::error::Failure {
             op: crate::error::Phase::Extend,
             resource: b"r".to_vec(),
             attempts: 1,
             quorum: 2,
             elapsed: Duration::ZERO,
             nodes: Vec::new(),
-        })
+        }
+    }
+
+    /// A lease of no loop, valid for `valid` from now.
+    fn lease_for(valid: Duration) -> Arc<LeaseShared> {
+        LeaseShared::new(b"r", Token::from_bits(1), None, Instant::now() + valid)
     }
 
     /// With no loop at all, the timer thread wakes a waiter at the lease's deadline, and
     /// one with a margin that much before it (while the lease is still held).
     #[test]
     fn the_timer_thread_wakes_waiters_by_the_deadline_without_any_loop() {
-        let lease = LeaseShared::new(
-            b"r",
-            Token::from_bits(1),
-            None,
-            Instant::now() + Duration::from_millis(400),
-        );
+        let lease = lease_for(Duration::from_millis(400));
         assert!(
             woken(&lease, Duration::from_millis(300)),
             "the margin's waiter"
@@ -1006,12 +1007,7 @@ mod tests {
     /// the old: here 60 s, beyond the 30 s the test waits.
     #[test]
     fn a_deadline_moved_earlier_wakes_waiters_by_the_new_one() {
-        let lease = LeaseShared::new(
-            b"r",
-            Token::from_bits(2),
-            None,
-            Instant::now() + Duration::from_secs(60),
-        );
+        let lease = lease_for(Duration::from_secs(60));
         let waiter = {
             let lease = Arc::clone(&lease);
             std::thread::spawn(move || woken(&lease, Duration::ZERO))
@@ -1024,7 +1020,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         assert!(lease.set_deadline(
             Instant::now() + Duration::from_millis(100),
-            Some(unavailable())
+            Some(Error::Unavailable(failure()))
         ));
         assert!(waiter.join().unwrap(), "the future's waker was rung");
         assert!(blocked.join().unwrap(), "the blocked thread woke");
@@ -1067,20 +1063,12 @@ mod tests {
             s.reason(past),
             Some(LostReason::Expired { last: None })
         ));
-        let failure = crate::error::Failure {
-            op: crate::error::Phase::Extend,
-            resource: b"r".to_vec(),
-            attempts: 1,
-            quorum: 2,
-            elapsed: Duration::ZERO,
-            nodes: Vec::new(),
-        };
-        s.last_error = Some(Error::Unavailable(failure.clone()));
+        s.last_error = Some(Error::Unavailable(failure()));
         assert!(matches!(
             s.reason(past),
             Some(LostReason::TooFewNodes { .. })
         ));
-        s.last_error = Some(Error::Expired(failure));
+        s.last_error = Some(Error::Expired(failure()));
         assert!(matches!(
             s.reason(past),
             Some(LostReason::Expired { last: Some(_) })
