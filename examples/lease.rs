@@ -41,9 +41,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for step in 1..=steps {
         // A lease is lost for good when a majority says the key is gone or someone
         // else's, or when its validity runs out before an extend got through (nodes
-        // unreachable). Check before each step that must not overlap another holder's.
-        if lease.is_lost() {
-            return Err(format!("lease lost before step {step}: stopping the job").into());
+        // unreachable). Check before each step that must not overlap another holder's;
+        // `lost_reason` says which it was. (`lease.lost_signal()` hands the same check to
+        // another thread; `.before(margin)` fires that long ahead of the deadline.)
+        if let Some(why) = lease.lost_reason() {
+            return Err(format!("lease lost before step {step} ({why}): stopping the job").into());
         }
         thread::sleep(step_time); // one step of the work
         println!(

@@ -46,6 +46,115 @@ pub enum Error {
     /// The operating system refused something the client needs: the random source for
     /// lock tokens, or an event queue. [`std::error::Error::source`] gives the I/O error.
     Os(OsError),
+    /// A lease was lost before the work done under it finished
+    /// ([`SharedRedlock::with_lease`](crate::SharedRedlock::with_lease),
+    /// [`SharedRedlock::blocking_with_lease`](crate::SharedRedlock::blocking_with_lease)):
+    /// from the lease's deadline on, another client may hold the resource, so the work's
+    /// result must not be trusted as done under the lock.
+    Lost {
+        /// The resource of the lease.
+        resource: Vec<u8>,
+        /// Why it was lost.
+        why: LostReason,
+    },
+}
+
+/// Why a lease was lost: [`Error::Lost`], [`Lease::lost_reason`](crate::Lease::lost_reason),
+/// [`LostSignal::reason`](crate::LostSignal::reason).
+///
+/// # Example
+///
+/// ```no_run
+/// # fn f(lease: &quorumlock::Lease) {
+/// use quorumlock::LostReason;
+/// match lease.lost_reason() {
+///     None => println!("still held"),
+///     Some(LostReason::TooFewNodes { last }) => println!("nodes unreachable: {last}"),
+///     Some(why) => println!("lost: {why}"),
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// A renewal found that a majority of nodes no longer holds the lease's token (its
+    /// key expired there, was deleted, or is someone else's): `last` is that renewal's
+    /// error, with each node's answer.
+    TakenOver {
+        /// The renewal that found it.
+        last: Box<Error>,
+    },
+    /// The local validity deadline passed before a renewal succeeded, with enough nodes
+    /// answering: renewals agreed too late, or none was decided in time. `last` is the
+    /// last failed renewal's error, if one failed.
+    Expired {
+        /// The last failed renewal, if any.
+        last: Option<Box<Error>>,
+    },
+    /// The local validity deadline passed while renewals failed because too few nodes
+    /// answered (down, frozen, unreachable, slow): `last` is the last renewal's error,
+    /// with each node's failure.
+    TooFewNodes {
+        /// The last failed renewal.
+        last: Box<Error>,
+    },
+    /// The lease reached [`Builder::max_hold`](crate::Builder::max_hold) and was released.
+    MaxHold,
+    /// The lease was released or dropped by its holder (seen only by a
+    /// [`LostSignal`](crate::LostSignal) that outlived it).
+    Released,
+}
+
+impl LostReason {
+    /// The error of the renewal behind the loss, if one is.
+    pub fn last_error(&self) -> Option<&Error> {
+        match self {
+            LostReason::TakenOver { last } | LostReason::TooFewNodes { last } => Some(last),
+            LostReason::Expired { last } => last.as_deref(),
+            LostReason::MaxHold | LostReason::Released => None,
+        }
+    }
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LostReason::TakenOver { last } => write!(
+                f,
+                "taken over: a majority of nodes no longer holds its token ({last})"
+            ),
+            LostReason::Expired { last: None } => {
+                f.write_str("expired: its validity deadline passed before a renewal succeeded")
+            }
+            LostReason::Expired { last: Some(last) } => write!(
+                f,
+                "expired: its validity deadline passed before a renewal succeeded (last renewal: {last})"
+            ),
+            LostReason::TooFewNodes { last } => write!(
+                f,
+                "too few nodes: its validity deadline passed while renewals failed (last renewal: {last})"
+            ),
+            LostReason::MaxHold => f.write_str("it reached the maximum hold (Builder::max_hold)"),
+            LostReason::Released => f.write_str("it was released by its holder"),
+        }
+    }
+}
+
+/// A resource name in a message: as UTF-8 (bytes that are not, replaced), at most
+/// `MAX_SHOWN` bytes of it, quoted.
+struct Lossy<'a>(&'a [u8]);
+
+impl fmt::Display for Lossy<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const MAX_SHOWN: usize = 200;
+        let cut = self.0.len() > MAX_SHOWN;
+        let text = String::from_utf8_lossy(&self.0[..self.0.len().min(MAX_SHOWN)]);
+        write!(f, "{text:?}")?;
+        if cut {
+            write!(f, " (first {MAX_SHOWN} of {} bytes)", self.0.len())?;
+        }
+        Ok(())
+    }
 }
 
 impl Error {
@@ -53,7 +162,9 @@ impl Error {
     pub fn failure(&self) -> Option<&Failure> {
         match self {
             Error::Taken(f) | Error::Unavailable(f) | Error::Expired(f) => Some(f),
-            Error::InvalidArgument(_) | Error::Config(_) | Error::Os(_) => None,
+            Error::InvalidArgument(_) | Error::Config(_) | Error::Os(_) | Error::Lost { .. } => {
+                None
+            }
         }
     }
 }
@@ -86,6 +197,9 @@ impl fmt::Display for Error {
             Error::InvalidArgument(a) => write!(f, "invalid argument: {a}"),
             Error::Config(c) => write!(f, "invalid configuration: {c}"),
             Error::Os(e) => write!(f, "{e}"),
+            Error::Lost { resource, why } => {
+                write!(f, "lease of {} lost: {why}", Lossy(resource))
+            }
         }
     }
 }
@@ -98,6 +212,9 @@ impl std::error::Error for Error {
             Error::Os(e) => Some(e),
             Error::Config(e) => Some(e),
             Error::InvalidArgument(e) => Some(e),
+            Error::Lost { why, .. } => why
+                .last_error()
+                .map(|e| e as &(dyn std::error::Error + 'static)),
             Error::Taken(x) | Error::Unavailable(x) | Error::Expired(x) => {
                 x.nodes.iter().find_map(|n| match &n.outcome {
                     Outcome::Failed(e) => Some(e as &(dyn std::error::Error + 'static)),
@@ -678,5 +795,55 @@ pub(crate) struct Escaped<'a>(pub &'a [u8]);
 impl fmt::Debug for Escaped<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "\"{}\"", self.0.escape_ascii())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(resource: &[u8]) -> Failure {
+        Failure {
+            op: Phase::Extend,
+            resource: resource.to_vec(),
+            attempts: 1,
+            quorum: 3,
+            elapsed: Duration::from_millis(100),
+            nodes: Vec::new(),
+        }
+    }
+
+    /// `Error::Lost` names its resource (as text, bytes that are not UTF-8 replaced, at
+    /// most 200 bytes of it) and why, with the last renewal's error as its source.
+    #[test]
+    fn a_lost_lease_says_which_resource_and_why() {
+        let last = Error::Unavailable(failure(b"jobs:\xffnightly"));
+        let e = Error::Lost {
+            resource: b"jobs:\xffnightly".to_vec(),
+            why: LostReason::TooFewNodes {
+                last: Box::new(last),
+            },
+        };
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with("lease of \"jobs:\u{fffd}nightly\" lost: too few nodes"),
+            "{shown}"
+        );
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(e.failure().is_none());
+
+        let long = vec![b'x'; 10_000];
+        let e = Error::Lost {
+            resource: long,
+            why: LostReason::MaxHold,
+        };
+        let shown = e.to_string();
+        assert!(shown.len() < 400, "{shown}");
+        assert!(shown.contains("first 200 of 10000 bytes"), "{shown}");
+        assert!(
+            shown.ends_with("maximum hold (Builder::max_hold)"),
+            "{shown}"
+        );
+        assert!(std::error::Error::source(&e).is_none());
     }
 }

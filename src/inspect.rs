@@ -30,7 +30,7 @@ const INFO_MAX: usize = 16 * 1024;
 /// What one node holds for a resource, and who the node is: one line of
 /// `quorumlock status`. Made by [`inspect`] (see its example), which says which node
 /// by the entry's place in its result.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NodeView {
     /// The key's value (for a lock of this crate: its token, 32 lowercase hex digits, or
@@ -42,6 +42,21 @@ pub struct NodeView {
     pub run_id: Option<String>,
     /// The server's `uptime_in_seconds`, when `INFO server` answered it.
     pub uptime: Option<Duration>,
+}
+
+impl std::fmt::Debug for NodeView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeView")
+            // The holder's token is a credential: a prefix only, as a lock shows it.
+            .field(
+                "value",
+                &self.value.as_deref().map(crate::core::token::Prefix),
+            )
+            .field("pttl", &self.pttl)
+            .field("run_id", &self.run_id)
+            .field("uptime", &self.uptime)
+            .finish()
+    }
 }
 
 /// Reads `resource` on every node of `settings`, one after the other, over a fresh

@@ -60,12 +60,17 @@
 //! Mutual exclusion holds while the lock is valid ([`Lock::is_valid`]), assuming clocks
 //! on the client and the nodes run at nearly the same rate (the drift allowance covers
 //! `drift_factor × ttl + 2 ms`), and that a node that restarts without persistence stays
-//! away for at least the longest ttl in use. See `docs/GUARANTEES.md` for the details.
+//! away for at least the longest ttl in use. Validity is measured on a clock that counts
+//! time the machine spent suspended (`CLOCK_BOOTTIME` on Linux); a virtual machine paused
+//! by its host is not seen by any clock inside it. See `docs/GUARANTEES.md` for the details.
 
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
-#![forbid(unsafe_code)]
+// One module reads a clock through libc (`clock`, `CLOCK_BOOTTIME`): it alone allows
+// `unsafe`; everything else is refused it.
+#![deny(unsafe_code)]
 
+mod clock;
 mod config;
 mod core;
 mod driver;
@@ -84,7 +89,8 @@ mod tls;
 pub use crate::core::token::MAX_TOKEN;
 pub use config::{Builder, Endpoint, Settings};
 pub use error::{
-    ArgumentError, ConfigError, Error, Failure, NodeError, NodeReport, OsError, Outcome, Phase,
+    ArgumentError, ConfigError, Error, Failure, LostReason, NodeError, NodeReport, OsError,
+    Outcome, Phase,
 };
 pub use inspect::{NodeView, inspect};
 pub use lock::{INLINE_RESOURCE, Lock, LockParts};
@@ -93,7 +99,7 @@ pub use observer::{
 };
 pub use redlock::{MAX_RESOURCE, MAX_TTL, Redlock};
 pub use resp::{Limits, ProtocolError};
-pub use shared::{Lease, Lost, SharedRedlock};
+pub use shared::{Lease, Lost, LostSignal, LostSignalFuture, SharedRedlock};
 
 /// Internals for this crate's benches, fuzz targets and tests. Not part of the API: no
 /// stability promise, may change in any release.

@@ -1,5 +1,6 @@
 //! A held lock: plain data, no handle to the client that took it.
 
+use crate::clock::{self, Stamp};
 use crate::core::token::Token;
 use crate::error::{ArgumentError, Error};
 use std::fmt;
@@ -31,6 +32,7 @@ pub const INLINE_RESOURCE: usize = 64;
 /// # Ok::<(), quorumlock::Error>(())
 /// ```
 #[derive(Clone)]
+#[must_use = "a Lock dropped unused is not released: its keys stay held until their ttl ends; pass it to unlock"]
 pub struct Lock {
     resource: Resource,
     token: Token,
@@ -41,6 +43,10 @@ pub struct Lock {
     written: u64,
     // INVARIANT: deadline = start of the operation that last set the keys + ttl − drift.
     deadline: Instant,
+    /// `deadline` on the suspend-counting clock ([`crate::clock`]): what
+    /// [`Lock::remaining`] and [`Lock::is_valid`] compare against.
+    // INVARIANT: clock::stamp_of(deadline), taken when `deadline` was set.
+    until: Stamp,
     /// The resources after the first, for a lock taken by `lock_all` (`None` otherwise;
     /// one pointer, so a plain lock stays small to build and to move).
     // INVARIANT: never `Some` of an empty list.
@@ -69,6 +75,7 @@ impl Lock {
             started,
             written,
             deadline,
+            until: clock::stamp_of(deadline),
             more: None,
             fence: None,
         }
@@ -84,6 +91,7 @@ impl Lock {
             started: self.started,
             written: self.written,
             deadline: self.deadline,
+            until: self.until,
             more: self.more.clone(),
             fence: self.fence,
         }
@@ -189,42 +197,44 @@ impl Lock {
         self.started
     }
 
-    /// The instant the lock stops being safe to rely on: start + ttl − drift.
+    /// The instant the lock stops being safe to rely on: start + ttl − drift. An
+    /// `Instant` does not count time the machine spent suspended (on Linux): ask
+    /// [`Lock::remaining`] or [`Lock::is_valid`], which do, rather than comparing it
+    /// with `Instant::now()`.
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
 
-    /// Validity left now; zero once expired.
+    /// Validity left now; zero once expired. Measured on a clock that counts time the
+    /// machine spent suspended (`CLOCK_BOOTTIME` on Linux), as the nodes' keys keep
+    /// expiring meanwhile: a lock held across a suspend longer than its validity is
+    /// reported expired on resume. Not covered: a virtual machine paused by its host,
+    /// whose clocks all stand still.
     pub fn remaining(&self) -> Duration {
-        self.deadline.saturating_duration_since(Instant::now())
+        self.until.saturating_duration_since(clock::now())
     }
 
-    /// True while the lock is still valid.
+    /// True while the lock is still valid (as [`Lock::remaining`] measures it).
     pub fn is_valid(&self) -> bool {
-        Instant::now() < self.deadline
+        clock::now() < self.until
     }
 
     pub(crate) fn renew(&mut self, ttl: Duration, started: Instant, deadline: Instant) {
         self.ttl = ttl;
         self.started = started;
         self.deadline = deadline;
+        self.until = clock::stamp_of(deadline);
     }
 
     pub(crate) fn shorten(&mut self, deadline: Instant) {
-        self.deadline = self.deadline.min(deadline);
+        if deadline < self.deadline {
+            self.deadline = deadline;
+            self.until = clock::stamp_of(deadline);
+        }
     }
 }
 
-/// A token in `Debug` output: enough of its start to tell locks apart in logs (a
-/// quarter of it, at most 8 bytes, escaped), never the whole credential.
-struct TokenPrefix<'a>(&'a [u8]);
-
-impl fmt::Debug for TokenPrefix<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown = &self.0[..(self.0.len() / 4).min(8)];
-        write!(f, "{}…", shown.escape_ascii())
-    }
-}
+use crate::core::token::Prefix as TokenPrefix;
 
 impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

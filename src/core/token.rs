@@ -144,12 +144,35 @@ fn hex16(v: u64) -> [u8; 16] {
 
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The whole value, bytes that are not printable ASCII escaped (a given token may
-        // be any bytes). Only tests and `Display` show it: a lock's `Debug` shows a prefix.
-        for &b in self.as_bytes() {
-            write!(f, "{}", std::ascii::escape_default(b))?;
-        }
-        Ok(())
+        // The whole value is a credential (whoever has it can extend or release the
+        // lock): only a prefix, as every type that holds one shows it.
+        fmt::Debug::fmt(&Prefix(self.as_bytes()), f)
+    }
+}
+
+/// A token in `Debug` and `Display` output: enough of its start to tell locks apart in
+/// logs (a quarter of it, at most 8 bytes, escaped, then `…`), never the whole
+/// credential. Every public type that holds a token formats it through this.
+pub struct Prefix<'a>(pub &'a [u8]);
+
+impl Prefix<'_> {
+    /// How many bytes of a token of `len` bytes are shown.
+    pub const fn shown(len: usize) -> usize {
+        let quarter = len / 4;
+        if quarter < 8 { quarter } else { 8 }
+    }
+}
+
+impl fmt::Debug for Prefix<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown = &self.0[..Prefix::shown(self.0.len())];
+        write!(f, "{}…", shown.escape_ascii())
+    }
+}
+
+impl fmt::Display for Prefix<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
     }
 }
 

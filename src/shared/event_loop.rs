@@ -35,8 +35,9 @@ use super::{Inner, Queue, loop_gone};
 use crate::config::Settings;
 use crate::core::engine::{Item, Request};
 use crate::core::quorum::safe_span;
+use crate::core::round::Decision;
 use crate::driver::{Alarm, WAKER};
-use crate::error::{Error, OsError, Phase};
+use crate::error::{Error, LostReason, OsError, Phase};
 use crate::lock::Lock;
 use crate::redlock::{MAX_BATCH_BYTES, Redlock, check_resource, ttl_millis};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -263,13 +264,13 @@ impl EventLoop {
             for lease in list.iter() {
                 let deadline = {
                     let s = lease.state();
-                    if s.lost {
+                    if s.is_marked() {
                         continue;
                     }
                     s.deadline
                 };
                 if now + LOST_EARLY >= deadline {
-                    lease.mark_lost();
+                    lease.mark_expired();
                 } else {
                     let at = deadline - LOST_EARLY;
                     next = Some(next.map_or(at, |n| n.min(at)));
@@ -400,6 +401,7 @@ impl EventLoop {
                 .position(|e| Arc::ptr_eq(&e.shared, &lease))
             {
                 let entry = self.leases.swap_remove(i);
+                entry.shared.mark_lost(LostReason::Released);
                 self.unwatch(&entry.shared);
                 self.orphans.push(entry.lock);
             }
@@ -526,14 +528,14 @@ impl EventLoop {
             if e.lost {
                 continue;
             }
-            if e.shared.state().lost || now + LOST_EARLY >= e.lock.deadline() {
+            if e.shared.is_marked() || now + LOST_EARLY >= e.lock.deadline() {
                 e.lost = true;
-                e.shared.mark_lost();
+                e.shared.mark_expired();
                 continue;
             }
             if e.hold_until.is_some_and(|h| now >= h) {
                 e.lost = true;
-                e.shared.mark_lost();
+                e.shared.mark_lost(LostReason::MaxHold);
                 self.orphans.push(e.lock.duplicate());
             }
         }
@@ -1137,7 +1139,7 @@ impl EventLoop {
             let e = &mut self.leases[i];
             // Reported lost meanwhile (the alarm rang inside the round): lost it stays,
             // whatever the round says; never extended again.
-            if e.lost || e.shared.state().lost {
+            if e.lost || e.shared.is_marked() {
                 e.lost = true;
                 e.lock.add_written(written);
                 self.orphans.push(e.lock.duplicate());
@@ -1160,7 +1162,13 @@ impl EventLoop {
             ) {
                 Renewal::Renewed { deadline, next } => {
                     e.lock.renew(ttl, start, deadline);
-                    e.shared.set_deadline(deadline);
+                    if !e.shared.set_deadline(deadline, None) {
+                        // Its deadline passed before this verdict was read: lost it
+                        // stays (its holder may have seen it lost); the keys go.
+                        e.lost = true;
+                        self.orphans.push(e.lock.duplicate());
+                        continue;
+                    }
                     e.next = next;
                 }
                 Renewal::Lost { deadline } => {
@@ -1168,16 +1176,34 @@ impl EventLoop {
                     // late): lost for good, never re-taken. What remains of it on a
                     // minority is deleted.
                     e.lock.shorten(deadline);
-                    e.shared.set_deadline(e.lock.deadline());
+                    let failure = rl.failure(Phase::Extend, e.lock.resource(), slot, 1, start);
+                    let why = if decision == Decision::Taken {
+                        LostReason::TakenOver {
+                            last: Box::new(Error::Expired(failure)),
+                        }
+                    } else {
+                        // Agreed, but too late to extend the term.
+                        LostReason::Expired {
+                            last: Some(Box::new(Error::Expired(failure))),
+                        }
+                    };
+                    e.shared.mark_lost(why);
                     e.lost = true;
-                    e.shared.mark_lost();
                     self.orphans.push(e.lock.duplicate());
                 }
                 Renewal::Retry { deadline, next } => {
                     // Too few nodes answered: tried again while validity remains; the
                     // deadline declares it lost otherwise.
                     e.lock.shorten(deadline);
-                    e.shared.set_deadline(e.lock.deadline());
+                    let failure = rl.failure(Phase::Extend, e.lock.resource(), slot, 1, start);
+                    if !e
+                        .shared
+                        .set_deadline(e.lock.deadline(), Some(Error::Unavailable(failure)))
+                    {
+                        e.lost = true;
+                        self.orphans.push(e.lock.duplicate());
+                        continue;
+                    }
                     e.next = next;
                 }
             }
@@ -1291,7 +1317,7 @@ impl EventLoop {
             .iter()
             .position(|e| Arc::ptr_eq(&e.shared, lease))?;
         let entry = self.leases.swap_remove(i);
-        entry.shared.mark_lost();
+        entry.shared.mark_lost(LostReason::Released);
         self.unwatch(&entry.shared);
         Some(entry.lock)
     }
@@ -1337,7 +1363,9 @@ impl Drop for EventLoop {
             call.answer(Err(loop_gone()));
         }
         for e in &self.leases {
-            e.shared.mark_lost();
+            e.shared.mark_lost(LostReason::Expired {
+                last: Some(Box::new(loop_gone())),
+            });
         }
     }
 }

@@ -1,11 +1,23 @@
-//! Leases: locks the shared client's loop keeps alive.
+//! Leases: locks the shared client's loop keeps alive, and the signals of their loss.
 //!
 //! # Invariants
 //!
 //! - A lease is lost at the latest at its local deadline (`start + ttl − drift` of the
-//!   last successful extend): [`Lease::is_lost`] and [`Lease::wait_lost`] read the clock
-//!   against it themselves, so they never depend on hearing from the loop or a node; the
-//!   loop also marks it lost then, to wake [`Lease::lost`] futures.
+//!   last successful extend), measured on the suspend-counting clock
+//!   ([`crate::clock`]): [`Lease::is_lost`], [`Lease::remaining`] and
+//!   [`LostSignal::is_lost`] read the clock against it themselves, so they never depend
+//!   on hearing from the loop or a node.
+//! - Every waiter is woken by the deadline itself, never only by the loop: a blocking
+//!   wait ([`Lease::wait_lost`], [`LostSignal::wait`]) times its own sleep to the
+//!   deadline (less its margin); a future ([`Lost`], [`LostSignalFuture`]) puts its lease
+//!   on the process-wide timer thread (`timer`) for that moment. The loop, an observer
+//!   callback or a round holding the loop thread cannot delay them. The loop marks a
+//!   lease lost too (at its deadline, or when a majority says the key is gone), which
+//!   wakes the waiters sooner when it knows sooner.
+//! - A loss has one reason ([`LostReason`]), the first recorded: a majority's refusal
+//!   (`TakenOver`), the maximum hold, a release, or — at the deadline — what the last
+//!   failed renewal said (`TooFewNodes` when too few nodes answered, `Expired`
+//!   otherwise).
 //! - Once lost, a lease stays lost: the loop never extends it again and never re-takes
 //!   its key.
 //! - The deadline only moves when an extend succeeded (later) or failed in a way that
@@ -14,11 +26,13 @@
 //!
 //! [`Redlock::extend`]: crate::Redlock::extend
 
+use crate::clock::{self, Stamp};
 use crate::core::quorum::extended_until;
 use crate::core::round::Decision;
-use crate::core::token::Token;
-use crate::error::Error;
+use crate::core::token::{Prefix, Token};
+use crate::error::{Error, LostReason};
 use crate::shared::SharedRedlock;
+use crate::shared::timer;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -98,8 +112,7 @@ pub fn renewal(
     }
 }
 
-/// What a lease's holder and the loop share.
-#[derive(Debug)]
+/// What a lease's holder, its lost signals, the timer thread and the loop share.
 pub(crate) struct LeaseShared {
     resource: Box<[u8]>,
     token: Token,
@@ -109,17 +122,34 @@ pub(crate) struct LeaseShared {
     changed: Condvar,
 }
 
-#[derive(Debug)]
+/// A task waiting for a lease's loss, or for `margin` before its deadline.
+struct Waiter {
+    id: u64,
+    margin: Duration,
+    waker: Waker,
+}
+
 pub(crate) struct LeaseState {
-    /// The local validity deadline of the current term.
+    /// The local validity deadline of the current term, as the loop times it.
     pub deadline: Instant,
-    /// Lost for good (a majority said the key is gone or someone else's, the deadline
-    /// passed, or the maximum hold was reached).
-    pub lost: bool,
-    /// Tasks waiting in [`Lease::lost`], by the id of their future (removed when it is
-    /// dropped, so a task that polls `lost()` in a loop does not grow the list).
-    wakers: Vec<(u64, Waker)>,
+    /// The same deadline on the suspend-counting clock ([`crate::clock`]): what every
+    /// caller-side check compares against.
+    until: Stamp,
+    /// Lost for good, and why (a majority said the key is gone or someone else's, the
+    /// deadline passed, the maximum hold was reached, the lease was released).
+    why: Option<LostReason>,
+    /// The last renewal's error, while renewals fail; cleared by a successful one.
+    last_error: Option<Error>,
+    /// Tasks waiting in [`Lease::lost`] or a [`LostSignal`], by the id of their future
+    /// (removed when it is dropped, so a task that polls in a loop does not grow the
+    /// list).
+    wakers: Vec<Waiter>,
     next_id: u64,
+    /// The moment of this lease's live entry on the timer thread, if it has one: a new
+    /// waiter or an earlier deadline adds an entry only when it is due sooner, so that
+    /// a task creating `lost()` futures in a loop does not pile up entries (an entry
+    /// popped at another moment than this one is stale, and ignored).
+    timer_at: Option<Stamp>,
 }
 
 impl LeaseShared {
@@ -135,9 +165,12 @@ impl LeaseShared {
             fence,
             state: Mutex::new(LeaseState {
                 deadline,
-                lost: false,
+                until: clock::stamp_of(deadline),
+                why: None,
+                last_error: None,
                 wakers: Vec::new(),
                 next_id: 0,
+                timer_at: None,
             }),
             changed: Condvar::new(),
         })
@@ -147,35 +180,285 @@ impl LeaseShared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new term: the deadline of the last successful extend (or a shortened one).
-    pub fn set_deadline(&self, deadline: Instant) {
-        self.state().deadline = deadline;
+    /// A new term: the deadline of the last successful extend (`failed` is `None`), or
+    /// one shortened by a failed one (whose error is `failed`). False, and nothing
+    /// changed, when the lease is already lost: marked, or its deadline passed (a
+    /// renewal answered after the deadline never revives a lease a caller may have
+    /// seen lost; it is then marked lost here, under the same lock callers read).
+    pub fn set_deadline(self: &Arc<Self>, deadline: Instant, failed: Option<Error>) -> bool {
+        let (sooner, entry) = {
+            let mut s = self.state();
+            if s.is_lost(clock::now()) {
+                drop(s);
+                self.mark_expired();
+                return false;
+            }
+            let before = s.until;
+            s.deadline = deadline;
+            s.until = clock::stamp_of(deadline);
+            s.last_error = failed;
+            // Waiters timed for the old deadline: the timer comes back when it passes,
+            // and finds the new one; one set earlier needs its own entry, and blocked
+            // threads a new sleep.
+            let sooner = s.until < before;
+            let entry = if sooner {
+                s.next_due().and_then(|at| s.arm(at))
+            } else {
+                None
+            };
+            (sooner, entry)
+        };
+        if sooner {
+            self.changed.notify_all();
+        }
+        if let Some(at) = entry {
+            timer::schedule(at, self);
+        }
+        true
     }
 
-    /// Marks the lease lost and wakes every waiter. Idempotent.
-    pub fn mark_lost(&self) {
+    /// Marks the lease lost for `why` and wakes every waiter. Idempotent: the first
+    /// reason stays.
+    pub fn mark_lost(&self, why: LostReason) {
         let wakers = {
             let mut s = self.state();
-            if s.lost {
+            if s.why.is_some() {
                 return;
             }
-            s.lost = true;
+            s.why = Some(why);
             std::mem::take(&mut s.wakers)
         };
         self.changed.notify_all();
-        for (_, w) in wakers {
+        for w in wakers {
+            super::call::wake(w.waker);
+        }
+    }
+
+    /// Marks the lease lost at its deadline: why, from the renewals that failed.
+    pub fn mark_expired(&self) {
+        let why = self.state().at_deadline();
+        self.mark_lost(why);
+    }
+
+    /// Whether the lease is marked lost.
+    pub fn is_marked(&self) -> bool {
+        self.state().why.is_some()
+    }
+
+    /// The timer thread's visit for its entry due `at` ([`timer`]): marks the lease
+    /// lost if its deadline has passed, wakes the waiters whose margin has come; returns
+    /// when to come back (the next waiter's moment), or `None` when no one waits any
+    /// more (or the entry was stale).
+    pub fn tick(&self, at: Stamp) -> Option<Stamp> {
+        let now = clock::now();
+        let mut s = self.state();
+        if s.timer_at != Some(at) {
+            return None;
+        }
+        s.timer_at = None;
+        if s.why.is_some() {
+            return None;
+        }
+        if now >= s.until {
+            drop(s);
+            self.mark_expired();
+            return None;
+        }
+        let until = s.until;
+        let mut due = Vec::new();
+        s.wakers.retain(|w| {
+            let fire = now.saturating_add(w.margin) >= until;
+            if fire {
+                due.push(w.waker.clone());
+            }
+            !fire
+        });
+        let next = s.next_due();
+        s.timer_at = next;
+        drop(s);
+        if !due.is_empty() {
+            self.changed.notify_all();
+        }
+        for w in due {
             super::call::wake(w);
         }
+        next
     }
 
     pub fn resource(&self) -> &[u8] {
         &self.resource
     }
+
+    /// Whether the lease is lost, or within `margin` of its deadline.
+    fn fired(&self, margin: Duration) -> bool {
+        self.state().fired(clock::now(), margin)
+    }
+
+    fn reason(&self) -> Option<LostReason> {
+        self.state().reason(clock::now())
+    }
+
+    fn remaining(&self) -> Duration {
+        let s = self.state();
+        if s.why.is_some() {
+            return Duration::ZERO;
+        }
+        s.until.saturating_duration_since(clock::now())
+    }
+
+    /// Polls for the loss (or `margin` before the deadline): ready once it came;
+    /// otherwise the task's waker is kept (under `id`) for the loop, which marks the loss,
+    /// and the timer thread, which rings at the deadline less the margin.
+    fn poll_fired(
+        self: &Arc<Self>,
+        margin: Duration,
+        id: &mut Option<u64>,
+        cx: &mut Context<'_>,
+    ) -> Poll<()> {
+        let mut s = self.state();
+        if s.fired(clock::now(), margin) {
+            return Poll::Ready(());
+        }
+        if let Some(id) = *id {
+            if let Some(w) = s.wakers.iter_mut().find(|w| w.id == id) {
+                if !w.waker.will_wake(cx.waker()) {
+                    w.waker = cx.waker().clone();
+                }
+                return Poll::Pending;
+            }
+            // Woken by the timer (which took the entry) before the moment: waits again,
+            // with a new entry.
+        }
+        let new = s.next_id;
+        s.next_id += 1;
+        s.wakers.push(Waiter {
+            id: new,
+            margin,
+            waker: cx.waker().clone(),
+        });
+        *id = Some(new);
+        let due = s.until.saturating_sub(margin);
+        let at = s.arm(due);
+        drop(s);
+        if let Some(at) = at {
+            timer::schedule(at, self);
+        }
+        Poll::Pending
+    }
+
+    fn forget(&self, id: Option<u64>) {
+        if let Some(id) = id {
+            self.state().wakers.retain(|w| w.id != id);
+        }
+    }
+
+    /// Blocks until the lease is lost (or `margin` before its deadline) or `timeout`
+    /// has passed; true if it came. Times its own sleeps: no loop or timer needed.
+    fn wait(&self, margin: Duration, timeout: Duration) -> bool {
+        let until = clock::now().saturating_add(timeout);
+        let mut s = self.state();
+        loop {
+            let now = clock::now();
+            if s.fired(now, margin) {
+                return true;
+            }
+            if now >= until {
+                return false;
+            }
+            // At most a second at a time: the condition variable's clock stops during a
+            // suspend, this one does not.
+            let wake_at = s.until.saturating_sub(margin).min(until);
+            let sleep = wake_at
+                .saturating_duration_since(now)
+                .clamp(Duration::from_micros(100), Duration::from_secs(1));
+            s = self
+                .changed
+                .wait_timeout(s, sleep)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
 }
 
 impl LeaseState {
-    fn is_lost(&self, now: Instant) -> bool {
-        self.lost || now >= self.deadline
+    /// Marked lost (by the loop, the timer thread, or a release).
+    pub fn is_marked(&self) -> bool {
+        self.why.is_some()
+    }
+
+    /// Lost at `now` (marked, or past the deadline).
+    fn is_lost(&self, now: Stamp) -> bool {
+        self.why.is_some() || now >= self.until
+    }
+
+    fn fired(&self, now: Stamp, margin: Duration) -> bool {
+        self.why.is_some() || now.saturating_add(margin) >= self.until
+    }
+
+    /// Why the lease is lost at `now`, if it is.
+    fn reason(&self, now: Stamp) -> Option<LostReason> {
+        match &self.why {
+            Some(why) => Some(why.clone()),
+            None if now >= self.until => Some(self.at_deadline()),
+            None => None,
+        }
+    }
+
+    /// Why a lease whose deadline passed is lost: the last renewal's error says.
+    fn at_deadline(&self) -> LostReason {
+        match &self.last_error {
+            Some(e @ Error::Unavailable(_)) => LostReason::TooFewNodes {
+                last: Box::new(e.clone()),
+            },
+            last => LostReason::Expired {
+                last: last.clone().map(Box::new),
+            },
+        }
+    }
+
+    /// Records a timer entry due `at` if none is due sooner: `Some(at)` when one must be
+    /// added, `None` when the live entry comes first.
+    fn arm(&mut self, at: Stamp) -> Option<Stamp> {
+        if self.timer_at.is_some_and(|t| t <= at) {
+            return None;
+        }
+        self.timer_at = Some(at);
+        Some(at)
+    }
+
+    /// The earliest moment a waiter is due, if any waits.
+    fn next_due(&self) -> Option<Stamp> {
+        self.wakers
+            .iter()
+            .map(|w| self.until.saturating_sub(w.margin))
+            .min()
+    }
+
+    #[cfg(test)]
+    fn for_test(deadline: Instant, why: Option<LostReason>) -> LeaseState {
+        LeaseState {
+            deadline,
+            until: clock::stamp_of(deadline),
+            why,
+            last_error: None,
+            wakers: Vec::new(),
+            next_id: 0,
+            timer_at: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for LeaseShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (remaining, why) = (self.remaining(), self.state().why.clone());
+        f.debug_struct("LeaseShared")
+            .field("resource", &crate::error::Escaped(&self.resource))
+            // A prefix to tell leases apart in logs; the whole token is a credential.
+            .field("token", &Prefix(self.token.as_bytes()))
+            .field("fence", &self.fence)
+            .field("remaining", &remaining)
+            .field("lost", &why)
+            .finish()
     }
 }
 
@@ -186,10 +469,27 @@ impl LeaseState {
 ///
 /// A lease is lost, for good, when a majority of nodes says its key is gone or someone
 /// else's, when its local validity deadline passes without a successful extend (nodes
-/// silent, frozen, unreachable), or at [`Builder::max_hold`](crate::Builder::max_hold).
-/// The lost signal fires at the latest at that deadline, `start + ttl − drift` of the last
-/// successful extend, whatever the nodes do: work done under a lease must stop when it
-/// fires.
+/// silent, frozen, unreachable), or at [`Builder::max_hold`](crate::Builder::max_hold);
+/// [`Lease::lost_reason`] says which.
+///
+/// # When the lost signal fires
+///
+/// At the latest at the lease's local deadline, `start + ttl − drift` of the last
+/// successful extend, whatever the nodes and the loop are doing:
+///
+/// - [`Lease::is_lost`] and [`Lease::remaining`] compare the deadline with the clock
+///   themselves: true (zero) from the deadline on, with no wake-up needed.
+/// - [`Lease::lost`], [`Lease::wait_lost`] and a [`LostSignal`] are woken by the deadline
+///   itself (a process-wide timer thread, or the waiting thread's own timed sleep), not
+///   by the loop: an observer callback or a slow round holding the loop thread does not
+///   delay them. They come earlier when the loop learns of a loss first (a majority
+///   says the key is someone else's).
+/// - The deadline is measured on a clock that counts time the machine spent suspended
+///   (see [`Lock::remaining`](crate::Lock::remaining)).
+///
+/// Work done under a lease must stop when the signal fires; to stop ahead of the
+/// deadline (and finish writing before it), wait on [`LostSignal::before`] a margin.
+/// [`SharedRedlock::with_lease`] stops async work for you.
 ///
 /// Dropping a lease releases it in the background; [`Lease::release`] does it and says
 /// on how many nodes. A live lease keeps the shared client's loop running.
@@ -212,11 +512,24 @@ impl LeaseState {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug)]
+#[must_use = "dropping a Lease releases it at once: bind it (`let lease = ...`) for as long as the work runs"]
 pub struct Lease {
     shared: Arc<LeaseShared>,
     client: SharedRedlock,
     released: bool,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("resource", &crate::error::Escaped(self.resource()))
+            // A prefix to tell leases apart in logs; the whole token is a credential.
+            .field("token", &Prefix(self.token()))
+            .field("fence", &self.fence())
+            .field("remaining", &self.remaining())
+            .field("lost", &self.lost_reason())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Lease {
@@ -233,7 +546,8 @@ impl Lease {
         self.shared.resource()
     }
 
-    /// The random value stored on the nodes (a credential: do not log it).
+    /// The random value stored on the nodes (a credential: do not log it; `Debug` shows
+    /// a prefix only).
     pub fn token(&self) -> &[u8] {
         self.shared.token.as_bytes()
     }
@@ -260,19 +574,29 @@ impl Lease {
     /// The validity left in the current term: the time until the local deadline of the
     /// last successful extend (zero once lost).
     pub fn remaining(&self) -> Duration {
-        let s = self.shared.state();
-        if s.lost {
-            return Duration::ZERO;
-        }
-        s.deadline.saturating_duration_since(Instant::now())
+        self.shared.remaining()
     }
 
     /// Whether the lease is lost (see [`Lease`]): true from its deadline on at the latest.
     pub fn is_lost(&self) -> bool {
-        self.shared.state().is_lost(Instant::now())
+        self.shared.state().is_lost(clock::now())
     }
 
-    /// Completes when the lease is lost, at the latest at its local deadline.
+    /// Why the lease is lost, `None` while it is held (see [`LostReason`]).
+    ///
+    /// ```no_run
+    /// # fn f(lease: quorumlock::Lease) {
+    /// if lease.wait_lost(std::time::Duration::from_secs(60)) {
+    ///     eprintln!("lost: {}", lease.lost_reason().expect("lost"));
+    /// }
+    /// # }
+    /// ```
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.shared.reason()
+    }
+
+    /// Completes when the lease is lost, at the latest at its local deadline (see
+    /// [`Lease`]: woken by the deadline itself, not by the loop).
     ///
     /// ```no_run
     /// # async fn f(lease: quorumlock::Lease) {
@@ -288,27 +612,33 @@ impl Lease {
     }
 
     /// Blocks until the lease is lost or `timeout` has passed; true if it was lost.
+    /// Returns at the latest at the lease's deadline (the thread times its own sleep).
     pub fn wait_lost(&self, timeout: Duration) -> bool {
-        let until = Instant::now().checked_add(timeout);
-        let mut s = self.shared.state();
-        loop {
-            let now = Instant::now();
-            if s.is_lost(now) {
-                return true;
-            }
-            let mut wake_at = s.deadline;
-            if let Some(u) = until {
-                if now >= u {
-                    return false;
-                }
-                wake_at = wake_at.min(u);
-            }
-            let (next, _) = self
-                .shared
-                .changed
-                .wait_timeout(s, wake_at.saturating_duration_since(now))
-                .unwrap_or_else(|e| e.into_inner());
-            s = next;
+        self.shared.wait(Duration::ZERO, timeout)
+    }
+
+    /// An owned handle on this lease's loss, for another thread or task to hold
+    /// (`'static`, `Send`, cheap to clone; see [`LostSignal`]). It does not keep the
+    /// lease: once the lease is released or dropped, the signal reports it lost
+    /// ([`LostReason::Released`]).
+    ///
+    /// ```no_run
+    /// # async fn f(shared: quorumlock::SharedRedlock) -> Result<(), quorumlock::Error> {
+    /// let lease = shared.lease("nightly", std::time::Duration::from_secs(10)).await?;
+    /// let stop = lease.lost_signal();
+    /// let worker = std::thread::spawn(move || {
+    ///     while !stop.is_lost() {
+    ///         // ... one step of work ...
+    ///     }
+    /// });
+    /// # let _ = worker;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lost_signal(&self) -> LostSignal {
+        LostSignal {
+            shared: Arc::clone(&self.shared),
+            margin: Duration::ZERO,
         }
     }
 
@@ -326,6 +656,14 @@ impl Lease {
     pub fn blocking_release(mut self) -> Result<usize, Error> {
         self.released = true;
         self.client.blocking_release_lease(Arc::clone(&self.shared))
+    }
+
+    /// [`Error::Lost`] for this lease, if it is lost.
+    pub(crate) fn lost_error(&self) -> Option<Error> {
+        self.lost_reason().map(|why| Error::Lost {
+            resource: self.resource().to_vec(),
+            why,
+        })
     }
 }
 
@@ -350,36 +688,140 @@ impl Future for Lost<'_> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let shared = Arc::clone(&self.lease.shared);
-        let mut s = shared.state();
-        if s.is_lost(Instant::now()) {
-            return Poll::Ready(());
-        }
-        // The loop marks the lease lost by its deadline, and wakes these.
-        match self.id {
-            Some(id) => {
-                if let Some((_, w)) = s.wakers.iter_mut().find(|(i, _)| *i == id) {
-                    if !w.will_wake(cx.waker()) {
-                        *w = cx.waker().clone();
-                    }
-                }
-            }
-            None => {
-                let id = s.next_id;
-                s.next_id += 1;
-                s.wakers.push((id, cx.waker().clone()));
-                self.id = Some(id);
-            }
-        }
-        Poll::Pending
+        let shared = &self.lease.shared;
+        let mut id = self.id;
+        let poll = shared.poll_fired(Duration::ZERO, &mut id, cx);
+        self.id = id;
+        poll
     }
 }
 
 impl Drop for Lost<'_> {
     fn drop(&mut self) {
-        if let Some(id) = self.id {
-            self.lease.shared.state().wakers.retain(|(i, _)| *i != id);
+        self.lease.shared.forget(self.id);
+    }
+}
+
+/// An owned handle on a lease's loss ([`Lease::lost_signal`]): `'static`, `Send` and
+/// `Sync`, cheap to clone, for a spawned task or thread that must stop when the lease
+/// is lost. It fires as [`Lease::lost`] does — at the latest at the lease's deadline,
+/// woken by the deadline itself, not by the loop — or `margin` earlier
+/// ([`LostSignal::before`]).
+///
+/// Await it (`signal.lost().await`, or `signal.await`), block on it
+/// ([`LostSignal::wait`]), or poll [`LostSignal::is_lost`].
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # async fn step() {}
+/// # async fn f(shared: quorumlock::SharedRedlock) -> Result<(), quorumlock::Error> {
+/// let lease = shared.lease("import", Duration::from_secs(30)).await?;
+/// // Stop 5 s before the deadline: time enough to finish the write in flight.
+/// let stop = lease.lost_signal().before(Duration::from_secs(5));
+/// while !stop.is_lost() {
+///     step().await;
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct LostSignal {
+    shared: Arc<LeaseShared>,
+    margin: Duration,
+}
+
+impl std::fmt::Debug for LostSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LostSignal")
+            .field("lease", &self.shared)
+            .field("margin", &self.margin)
+            .finish()
+    }
+}
+
+impl LostSignal {
+    /// The same signal, firing `margin` before the lease's deadline (or at its loss,
+    /// if that comes first): the stop line of a job that needs `margin` to wind down.
+    /// [`LostSignal::reason`] stays `None` until the lease is actually lost.
+    pub fn before(&self, margin: Duration) -> LostSignal {
+        LostSignal {
+            shared: Arc::clone(&self.shared),
+            margin,
         }
+    }
+
+    /// The margin this signal fires ahead of the deadline ([`LostSignal::before`]).
+    pub fn margin(&self) -> Duration {
+        self.margin
+    }
+
+    /// Whether the signal has fired: the lease is lost, or within the margin of its
+    /// deadline. True from `deadline − margin` on at the latest.
+    pub fn is_lost(&self) -> bool {
+        self.shared.fired(self.margin)
+    }
+
+    /// Why the lease is lost; `None` while it is held (also inside the margin).
+    pub fn reason(&self) -> Option<LostReason> {
+        self.shared.reason()
+    }
+
+    /// The lease's validity left, zero once lost (as [`Lease::remaining`]).
+    pub fn remaining(&self) -> Duration {
+        self.shared.remaining()
+    }
+
+    /// Blocks until the signal fires or `timeout` has passed; true if it fired.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        self.shared.wait(self.margin, timeout)
+    }
+
+    /// A future that completes when the signal fires (owned: it may be moved into a
+    /// spawned task).
+    pub fn lost(&self) -> LostSignalFuture {
+        LostSignalFuture {
+            signal: self.clone(),
+            id: None,
+        }
+    }
+}
+
+impl std::future::IntoFuture for LostSignal {
+    type Output = ();
+    type IntoFuture = LostSignalFuture;
+
+    fn into_future(self) -> LostSignalFuture {
+        LostSignalFuture {
+            signal: self,
+            id: None,
+        }
+    }
+}
+
+/// The future of [`LostSignal::lost`]: completes when the signal fires.
+#[derive(Debug)]
+#[must_use = "futures do nothing unless awaited"]
+pub struct LostSignalFuture {
+    signal: LostSignal,
+    id: Option<u64>,
+}
+
+impl Future for LostSignalFuture {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        this.signal
+            .shared
+            .poll_fired(this.signal.margin, &mut this.id, cx)
+    }
+}
+
+impl Drop for LostSignalFuture {
+    fn drop(&mut self) {
+        self.signal.shared.forget(self.id);
     }
 }
 
@@ -473,28 +915,163 @@ mod tests {
         );
     }
 
-    fn state(deadline: Instant, lost: bool) -> LeaseState {
-        LeaseState {
-            deadline,
-            lost,
-            wakers: Vec::new(),
-            next_id: 0,
-        }
-    }
-
     /// A lease is lost from its deadline on, whatever the loop has heard, and at any time
     /// once marked lost; before its deadline and unmarked, it is held.
     #[test]
     fn a_lease_is_lost_from_its_deadline_on_or_once_marked() {
         let base = Instant::now();
         let deadline = at(base, 1000);
-        let held = state(deadline, false);
-        assert!(!held.is_lost(base));
-        assert!(!held.is_lost(at(base, 999)));
-        assert!(held.is_lost(deadline));
-        assert!(held.is_lost(at(base, 1001)));
-        let marked = state(deadline, true);
-        assert!(marked.is_lost(base));
-        assert!(marked.is_lost(at(base, 1001)));
+        let held = LeaseState::for_test(deadline, None);
+        let now = clock::stamp_of(base);
+        let until = held.until;
+        assert!(!held.is_lost(now));
+        assert!(!held.is_lost(until.saturating_sub(Duration::from_millis(1))));
+        assert!(held.is_lost(until));
+        assert!(held.is_lost(until.saturating_add(Duration::from_millis(1))));
+        // A margin fires that much earlier.
+        let margin = Duration::from_millis(100);
+        assert!(!held.fired(
+            until.saturating_sub(margin + Duration::from_millis(1)),
+            margin
+        ));
+        assert!(held.fired(until.saturating_sub(margin), margin));
+        let marked = LeaseState::for_test(deadline, Some(LostReason::MaxHold));
+        assert!(marked.is_lost(now));
+        assert!(matches!(marked.reason(now), Some(LostReason::MaxHold)));
+    }
+
+    /// Wakes the test thread.
+    struct Unpark(std::thread::Thread);
+
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+
+    /// Polls `lease`'s loss (with `margin`) until it fires, parked in between; false if
+    /// nothing woke it within 30 s (a bound far beyond every deadline used here).
+    fn woken(lease: &Arc<LeaseShared>, margin: Duration) -> bool {
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        let mut id = None;
+        let give_up = Instant::now() + Duration::from_secs(30);
+        loop {
+            if lease.poll_fired(margin, &mut id, &mut cx).is_ready() {
+                lease.forget(id);
+                return true;
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                return false;
+            }
+            std::thread::park_timeout(give_up - now);
+        }
+    }
+
+    /// A renewal's failure, with no node detail.
+    fn failure() -> crate::error::Failure {
+        crate::error::Failure {
+            op: crate::error::Phase::Extend,
+            resource: b"r".to_vec(),
+            attempts: 1,
+            quorum: 2,
+            elapsed: Duration::ZERO,
+            nodes: Vec::new(),
+        }
+    }
+
+    /// A lease of no loop, valid for `valid` from now.
+    fn lease_for(valid: Duration) -> Arc<LeaseShared> {
+        LeaseShared::new(b"r", Token::from_bits(1), None, Instant::now() + valid)
+    }
+
+    /// With no loop at all, the timer thread wakes a waiter at the lease's deadline, and
+    /// one with a margin that much before it (while the lease is still held).
+    #[test]
+    fn the_timer_thread_wakes_waiters_by_the_deadline_without_any_loop() {
+        let lease = lease_for(Duration::from_millis(400));
+        assert!(
+            woken(&lease, Duration::from_millis(300)),
+            "the margin's waiter"
+        );
+        assert!(woken(&lease, Duration::ZERO), "the deadline's waiter");
+        assert!(lease.state().is_lost(clock::now()));
+        assert!(matches!(
+            lease.reason(),
+            Some(LostReason::Expired { last: None })
+        ));
+    }
+
+    /// A deadline moved earlier (a failed renewal) wakes the waiters by the new one, not
+    /// the old: here 60 s, beyond the 30 s the test waits.
+    #[test]
+    fn a_deadline_moved_earlier_wakes_waiters_by_the_new_one() {
+        let lease = lease_for(Duration::from_secs(60));
+        let waiter = {
+            let lease = Arc::clone(&lease);
+            std::thread::spawn(move || woken(&lease, Duration::ZERO))
+        };
+        let blocked = {
+            let lease = Arc::clone(&lease);
+            std::thread::spawn(move || lease.wait(Duration::ZERO, Duration::from_secs(30)))
+        };
+        // Once both wait (or not: either way they must see the new deadline).
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(lease.set_deadline(
+            Instant::now() + Duration::from_millis(100),
+            Some(Error::Unavailable(failure()))
+        ));
+        assert!(waiter.join().unwrap(), "the future's waker was rung");
+        assert!(blocked.join().unwrap(), "the blocked thread woke");
+        assert!(matches!(
+            lease.reason(),
+            Some(LostReason::TooFewNodes { .. })
+        ));
+        // Lost stays lost: a later deadline does not revive it.
+        assert!(!lease.set_deadline(Instant::now() + Duration::from_secs(60), None));
+        assert!(lease.state().is_lost(clock::now()));
+    }
+
+    /// A lease keeps one timer entry: a waiter due later than the live entry adds none
+    /// (a task polling new `lost()` futures in a loop piles nothing up); one due sooner
+    /// replaces it.
+    #[test]
+    fn a_lease_adds_a_timer_entry_only_when_due_sooner() {
+        let base = Instant::now();
+        let mut s = LeaseState::for_test(at(base, 1000), None);
+        let until = s.until;
+        assert_eq!(s.arm(until), Some(until));
+        for _ in 0..1000 {
+            assert_eq!(s.arm(until), None);
+        }
+        let sooner = until.saturating_sub(Duration::from_millis(100));
+        assert_eq!(s.arm(sooner), Some(sooner));
+        assert_eq!(s.arm(until), None);
+    }
+
+    /// At the deadline, the reason is what the last failed renewal said: too few nodes
+    /// for an unanswered one, expired otherwise (with no renewal failed, or one decided
+    /// too late).
+    #[test]
+    fn a_lease_lost_at_its_deadline_says_what_its_last_renewal_said() {
+        let base = Instant::now();
+        let mut s = LeaseState::for_test(at(base, 1000), None);
+        assert!(s.reason(clock::stamp_of(base)).is_none());
+        let past = s.until;
+        assert!(matches!(
+            s.reason(past),
+            Some(LostReason::Expired { last: None })
+        ));
+        s.last_error = Some(Error::Unavailable(failure()));
+        assert!(matches!(
+            s.reason(past),
+            Some(LostReason::TooFewNodes { .. })
+        ));
+        s.last_error = Some(Error::Expired(failure()));
+        assert!(matches!(
+            s.reason(past),
+            Some(LostReason::Expired { last: Some(_) })
+        ));
     }
 }

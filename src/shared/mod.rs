@@ -29,6 +29,11 @@
 //! - A request is queued (or begun in place, see above) on a future's first poll. A
 //!   future dropped after that is the cancellation case: anything it acquired, or may
 //!   have, is released in the background.
+//! - A lease's lost signal never waits for this loop: `is_lost` reads the clock, and
+//!   waiters are woken at the deadline by a process-wide timer thread or their own timed
+//!   sleep ([`lease`]'s invariants), so an observer callback or a round holding the loop
+//!   thread cannot delay them. [`SharedRedlock::with_lease`] drops its work at that
+//!   signal.
 //!
 //! [`Redlock`]: crate::Redlock
 
@@ -36,6 +41,7 @@ pub(crate) mod call;
 mod event_loop;
 pub(crate) mod lease;
 mod notices;
+mod timer;
 
 use crate::config::Settings;
 use crate::core::token::Token;
@@ -53,7 +59,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-pub use lease::{Lease, Lost};
+pub use lease::{Lease, Lost, LostSignal, LostSignalFuture};
 
 /// A Redlock client shared by every thread and task of a process: one event loop thread,
 /// one connection per node, whatever the number of callers.
@@ -382,6 +388,7 @@ impl SharedRedlock {
     /// `retry_count` retries, `retry_delay ± retry_jitter` apart); same errors.
     ///
     /// [`Redlock::lock`]: crate::Redlock::lock
+    #[must_use = "dropping the returned Lock unused leaves its keys held until their ttl ends; the future does nothing unless awaited"]
     pub async fn lock(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         let attempts = self.settings().retry_count.saturating_add(1);
         let resource = resource.as_ref();
@@ -401,6 +408,7 @@ impl SharedRedlock {
     /// One attempt to acquire `resource` for `ttl`, as [`Redlock::try_lock`].
     ///
     /// [`Redlock::try_lock`]: crate::Redlock::try_lock
+    #[must_use = "dropping the returned Lock unused leaves its keys held until their ttl ends; the future does nothing unless awaited"]
     pub async fn try_lock(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lock, Error> {
         let resource = resource.as_ref();
         locked(self.run(|r| fill_lock(r, resource, ttl, 1, None)).await)
@@ -420,6 +428,7 @@ impl SharedRedlock {
     /// the rules and caveats of [`Redlock::lock_with_token`].
     ///
     /// [`Redlock::lock_with_token`]: crate::Redlock::lock_with_token
+    #[must_use = "dropping the returned Lock unused leaves its keys held until their ttl ends; the future does nothing unless awaited"]
     pub async fn lock_with_token(
         &self,
         resource: impl AsRef<[u8]>,
@@ -450,6 +459,7 @@ impl SharedRedlock {
     /// rules of [`Redlock::lock_with_token`].
     ///
     /// [`Redlock::lock_with_token`]: crate::Redlock::lock_with_token
+    #[must_use = "dropping the returned Lock unused leaves its keys held until their ttl ends; the future does nothing unless awaited"]
     pub async fn try_lock_with_token(
         &self,
         resource: impl AsRef<[u8]>,
@@ -479,6 +489,7 @@ impl SharedRedlock {
     /// otherwise every `retry_delay ± retry_jitter`. No attempt starts after `wait`; a
     /// call that fails returns no earlier than `wait` from its start, and at most one
     /// attempt's bound (`node_timeout`) after it. The error is the last attempt's.
+    #[must_use = "dropping the returned Lock unused leaves its keys held until their ttl ends; the future does nothing unless awaited"]
     pub async fn lock_within(
         &self,
         resource: impl AsRef<[u8]>,
@@ -508,6 +519,7 @@ impl SharedRedlock {
     /// Acquires every resource in `resources` or none, as [`Redlock::lock_all`].
     ///
     /// [`Redlock::lock_all`]: crate::Redlock::lock_all
+    #[must_use = "dropping the returned Lock unused leaves its keys held until their ttl ends; the future does nothing unless awaited"]
     pub async fn lock_all<R: AsRef<[u8]>>(
         &self,
         resources: &[R],
@@ -576,6 +588,7 @@ impl SharedRedlock {
 
     /// Acquires `resource` for `ttl` with retries (as [`SharedRedlock::lock`]), then keeps
     /// it alive (see [`Lease`]) until the lease is released, dropped or lost.
+    #[must_use = "dropping the returned Lease releases it at once; the future does nothing unless awaited"]
     pub async fn lease(&self, resource: impl AsRef<[u8]>, ttl: Duration) -> Result<Lease, Error> {
         let attempts = self.settings().retry_count.saturating_add(1);
         let resource = resource.as_ref();
@@ -611,6 +624,7 @@ impl SharedRedlock {
     /// # Ok(())
     /// # }
     /// ```
+    #[must_use = "dropping the returned Lease releases it at once; the future does nothing unless awaited"]
     pub async fn lease_within(
         &self,
         resource: impl AsRef<[u8]>,
@@ -639,8 +653,15 @@ impl SharedRedlock {
     }
 
     /// Runs `f` under a lease of `resource` (acquired with retries, kept alive meanwhile)
-    /// and releases it when `f` returns or panics. `f` is given the lease, to check
-    /// [`Lease::is_lost`] between steps of long work.
+    /// and releases it when `f` returns (or, dropped while unwinding, in the background
+    /// when `f` panics). `f` is given the lease, to check [`Lease::is_lost`] (or hand a
+    /// [`Lease::lost_signal`] to other threads) between steps of long work: a closure
+    /// cannot be stopped from outside.
+    ///
+    /// Returns `f`'s value when the lease was held until `f` returned and its release
+    /// succeeded; [`Error::Lost`] (saying why) when the lease was lost before `f`
+    /// returned — its value is dropped, since the work may have overlapped another
+    /// holder's; the release's error when the release failed.
     ///
     /// ```no_run
     /// # use std::time::Duration;
@@ -661,27 +682,82 @@ impl SharedRedlock {
         let lease = self.blocking_lease(resource, ttl)?;
         // On a panic, the lease is dropped while unwinding: released in the background.
         let out = f(&lease);
-        let _ = lease.blocking_release();
+        if let Some(lost) = lease.lost_error() {
+            // What remains of its key on a minority is deleted; the loss is the news.
+            let _ = lease.blocking_release();
+            return Err(lost);
+        }
+        lease.blocking_release()?;
         Ok(out)
     }
 
-    /// The async twin of [`SharedRedlock::blocking_with_lease`]: awaits `f(&lease)` under
-    /// a lease, then releases it (also when the future is dropped or panics: the lease
-    /// is then dropped, which releases it in the background).
-    pub async fn with_lease<T, F, Fut>(
+    /// Runs the async work `f` under a lease of `resource` (acquired with retries, kept
+    /// alive meanwhile), **raced against the lease's loss**, then releases the lease.
+    ///
+    /// - The lease lost first (see [`Lease`] for when the signal fires: at the latest at
+    ///   its deadline, whatever the loop is doing): the work future is dropped at once —
+    ///   at its next await — and the call returns [`Error::Lost`], saying why.
+    /// - The work finished, but after the lease was lost: [`Error::Lost`] as well (its
+    ///   result may have overlapped another holder's).
+    /// - The work finished in time: the lease is released and `f`'s value returned; a
+    ///   failed release is the error.
+    ///
+    /// Dropping the returned future drops the work and the lease (released in the
+    /// background). The race needs no runtime: the work and the loss are polled side by
+    /// side in this future, which runs on any executor.
+    ///
+    /// Work that must finish cleanly before the deadline (a write to complete, a file to
+    /// close) should watch [`Lease::lost_signal`]`.before(margin)` itself and wind down:
+    /// this call cuts the work short only at the loss.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn write(_: u64, _: &str) {}
+    /// # async fn f(shared: quorumlock::SharedRedlock) -> Result<(), quorumlock::Error> {
+    /// let n = shared
+    ///     .with_lease("ledger", Duration::from_secs(10), async |lease| {
+    ///         let fence = lease.fence().unwrap_or(0);
+    ///         write(fence, "row").await;
+    ///         1
+    ///     })
+    ///     .await?;
+    /// # let _ = n;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn with_lease<T>(
         &self,
         resource: impl AsRef<[u8]>,
         ttl: Duration,
-        f: F,
-    ) -> Result<T, Error>
-    where
-        F: FnOnce(&Lease) -> Fut,
-        Fut: Future<Output = T>,
-    {
+        f: impl AsyncFnOnce(&Lease) -> T,
+    ) -> Result<T, Error> {
         let lease = self.lease(resource, ttl).await?;
-        let out = f(&lease).await;
-        let _ = lease.release().await;
-        Ok(out)
+        let out = {
+            let mut work = std::pin::pin!(f(&lease));
+            let mut lost = std::pin::pin!(lease.lost());
+            // The loss is polled first: a lease already lost never gives the work
+            // another step.
+            std::future::poll_fn(|cx| {
+                if lost.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(None);
+                }
+                work.as_mut().poll(cx).map(Some)
+            })
+            .await
+            // The work future is dropped here, before the release is awaited.
+        };
+        if let Some(lost) = lease.lost_error() {
+            let _ = lease.release().await;
+            return Err(lost);
+        }
+        match out {
+            Some(out) => {
+                lease.release().await?;
+                Ok(out)
+            }
+            // Ready only once lost, and lost stays lost: `lost_error` said so above.
+            None => Err(mismatched()),
+        }
     }
 
     fn leased(&self, done: Result<Done, Error>) -> Result<Lease, Error> {

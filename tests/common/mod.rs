@@ -46,6 +46,29 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Wakes the thread that runs [`block_on`].
+struct Unpark(std::thread::Thread);
+
+impl std::task::Wake for Unpark {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Runs `fut` to the end on this thread, with no runtime: a waker that unparks it (the
+/// shared client's futures need nothing more).
+pub fn block_on<F: std::future::Future>(fut: F) -> F::Output {
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        thread::park();
+    }
+}
+
 fn find_executable(name: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
