@@ -364,6 +364,7 @@ impl Session {
         (self.state as u8, self.generation, &self.outbox[..]).hash(h);
         self.inbox[self.head..self.tail].hash(h);
         self.progress.hash(h);
+        self.pending.len().hash(h);
         for e in self.pending.iter() {
             (e.round, e.slot, e.sent_at).hash(h);
             debug_hash(h, &e.kind);

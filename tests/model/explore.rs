@@ -22,9 +22,10 @@
 //! calls independent, both orders are taken, and a pair where one disables the other or
 //! the two orders reach different fingerprints is reported as a violation, with its trace.
 //!
-//! Fingerprints are 64-bit ([`Fingerprinter`], a folded multiply): two distinct states of
-//! a run of 10 million share one with odds of about 3 in a million, which would prune the
-//! second unexplored.
+//! Fingerprints are 64-bit ([`Fingerprinter`]): for a hash that behaves as a random
+//! function, two distinct states of a run of 10 million share one with odds of about 3 in
+//! a million, which would prune the second unexplored (CI compares whole states with
+//! their fingerprints on one configuration, `Options::check_fingerprints`).
 //!
 //! A state is a whole world (`Clone`): forking it at a choice is one clone, no replay from
 //! the root. The model bounds its own depth (ticks of time, attempts, faults), so the
@@ -34,31 +35,31 @@ use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Instant;
 
-/// The fingerprints' hash: each word written is folded into the state by a 64 x 64 -> 128
-/// bit multiply whose halves are xored (the shape of foldhash and wyhash), and a last
-/// multiply spreads every input bit over the result. A state is hundreds of small writes
-/// (a `u8`, a `usize`, a short slice): SipHash's per-write cost made hashing a third of
-/// the explorer's time, this makes it a few per cent. Not a defence against chosen
-/// inputs, which a model's states are not.
+/// The fingerprints' hash. Each word written goes through a bijection of the state
+/// (xor the word in, multiply by an odd constant, xor-shift, multiply, xor-shift: the
+/// shape of splitmix64's finaliser), so two runs of writes of one length that differ in
+/// any word leave different states however many words follow; only `finish` folds (a
+/// 64 x 64 -> 128 bit multiply, halves xored). A state is hundreds of small writes (a
+/// `u8`, a `usize`, a short slice): SipHash's per-write cost made hashing a third of the
+/// explorer's time, this makes it a few per cent. Not a defence against chosen inputs,
+/// which a model's states are not.
 #[derive(Clone, Copy)]
 pub struct Fingerprinter(u64);
 
 impl Fingerprinter {
     const SEED: u64 = 0x243f_6a88_85a3_08d3;
-    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    const K1: u64 = 0xbf58_476d_1ce4_e5b9;
+    const K2: u64 = 0x94d0_49bb_1331_11eb;
 
     pub fn new() -> Fingerprinter {
         Fingerprinter(Self::SEED)
     }
 
-    fn fold(a: u64, b: u64) -> u64 {
-        let m = u128::from(a) * u128::from(b);
-        (m as u64) ^ ((m >> 64) as u64)
-    }
-
     fn word(&mut self, w: u64) {
-        // The state is rotated first so that a word equal to it cannot zero it.
-        self.0 = Self::fold(self.0.rotate_left(23) ^ w, Self::K);
+        let mut x = (self.0 ^ w).wrapping_mul(Self::K1);
+        x ^= x >> 29;
+        x = x.wrapping_mul(Self::K2);
+        self.0 = x ^ (x >> 32);
     }
 }
 
@@ -96,7 +97,8 @@ impl Hasher for Fingerprinter {
     }
 
     fn finish(&self) -> u64 {
-        Self::fold(self.0 ^ Self::SEED, Self::K ^ 0xff51_afd7_ed55_8ccd)
+        let m = u128::from(self.0 ^ Self::SEED) * u128::from(Self::K1 ^ Self::K2);
+        (m as u64) ^ ((m >> 64) as u64)
     }
 }
 
@@ -139,9 +141,9 @@ pub struct Options {
     pub stop: u32,
     /// Prune with sleep sets ([`Model::independent`]).
     pub reduce: bool,
-    /// Test the independence relation on the states visited whose fingerprint is a
-    /// multiple of this (1: every state, several times slower; 0: none). A fingerprint
-    /// is a hash: the states tested are a sample spread over the whole space.
+    /// Test the independence relation on every this-many-th new state, in the search's
+    /// order (1: every state, several times slower; 0: none): the same states on every
+    /// run of a configuration, spread over the whole search.
     pub check_independence: u64,
     /// Test the fingerprints: keep, for each fingerprint, a hash of the whole state it
     /// first stood for ([`Model::full_state`]), and report a violation when a state
@@ -268,7 +270,7 @@ pub fn explore<M: Model>(root: M, options: Options) -> Report<M::Action> {
             report.secs = t0.elapsed().as_secs_f64();
             return report;
         }
-        if let Err(v) = first_visit(&root, root.fingerprint(), &actions, options, &mut report) {
+        if let Err(v) = first_visit(&root, &actions, options, &mut report) {
             report.violation = Some((v, Vec::new()));
             report.secs = t0.elapsed().as_secs_f64();
             return report;
@@ -356,7 +358,7 @@ pub fn explore<M: Model>(root: M, options: Options) -> Report<M::Action> {
                 let depth = stack.len();
                 report.max_depth = report.max_depth.max(depth);
                 assert!(depth < MAX_DEPTH, "the model is deeper than {MAX_DEPTH}");
-                if let Err(v) = first_visit(&child, fingerprint, &actions, options, &mut report) {
+                if let Err(v) = first_visit(&child, &actions, options, &mut report) {
                     report.violation = Some((v, trace(&stack, &action)));
                     break;
                 }
@@ -383,7 +385,6 @@ pub fn explore<M: Model>(root: M, options: Options) -> Report<M::Action> {
 /// trace when it has no actions, and (when asked) the independence of its pairs.
 fn first_visit<M: Model>(
     state: &M,
-    fingerprint: u64,
     actions: &[M::Action],
     options: Options,
     report: &mut Report<M::Action>,
@@ -397,8 +398,10 @@ fn first_visit<M: Model>(
             return Err(v);
         }
     }
+    // Sampled by the count of states, not by fingerprint: fingerprints hash instants,
+    // which differ from run to run, and a sampled failure must reproduce.
     let every = options.check_independence;
-    if every != 0 && fingerprint % every == 0 {
+    if every != 0 && report.unique % every == 0 {
         for (i, a) in actions.iter().enumerate() {
             for b in &actions[i + 1..] {
                 if !state.independent(a, b) {

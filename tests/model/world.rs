@@ -1826,7 +1826,11 @@ impl crate::explore::Model for World {
         let kept = (0..self.clients.len()).find_map(|c| self.undeleted_of(c));
         match (scanned, kept) {
             (None, Some(v)) => Some(format!(
-                "model: the writes' record of owed deletes disagrees with their log: {v}"
+                "model bug: the writes' record of owed deletes finds what their log does \
+                 not: {v}"
+            )),
+            (Some(v), None) => Some(format!(
+                "model bug: the log of writes finds an owed delete their record does not: {v}"
             )),
             (scanned, _) => scanned,
         }
