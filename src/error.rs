@@ -421,6 +421,17 @@ pub enum NodeError {
     /// speak TLS on that port (a plain Redis port waits silently for more of what it
     /// takes for a command).
     TlsNoAnswer,
+    /// The node's host name could not be resolved when its connection was opened: host
+    /// names are resolved at each connect (never at build time), on a helper thread, so
+    /// a name that does not resolve yet is a node down that is retried, and one whose
+    /// address changed is reached at its new address at the next reconnect.
+    Resolve {
+        /// The host name, as written in the node's URL.
+        host: String,
+        /// What the resolver said (no such name, no address, no answer within the
+        /// connect timeout).
+        error: String,
+    },
 }
 
 impl fmt::Display for NodeError {
@@ -470,6 +481,9 @@ impl fmt::Display for NodeError {
                 "connect timed out: the TLS handshake got no answer: does the node speak \
                  TLS on this port (rediss:// to a plain Redis port)?",
             ),
+            NodeError::Resolve { host, error } => {
+                write!(f, "cannot resolve host {host:?}: {error}")
+            }
         }
     }
 }

@@ -116,6 +116,10 @@ pub mod __private {
     pub mod resp {
         pub use crate::resp::*;
     }
+    /// The test seam of host-name resolution: see `map_host`.
+    pub mod resolver {
+        pub use crate::driver::conn::{map_host, unmap_host};
+    }
 }
 
 /// The README's examples, compiled as doc tests.
