@@ -536,6 +536,7 @@ impl SharedRedlock {
     /// the extend could have set it (`start + ttl − drift` from the moment it was queued,
     /// when that is earlier): it may have been applied on the nodes.
     pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        lock.check_unreleased("extended")?;
         let copy = lock.duplicate();
         let mut guard = ExtendGuard {
             earliest: ttl_millis(ttl).ok().map(|ms| {
@@ -554,6 +555,7 @@ impl SharedRedlock {
 
     /// [`SharedRedlock::extend`], blocking the calling thread.
     pub fn blocking_extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        lock.check_unreleased("extended")?;
         let copy = lock.duplicate();
         let done = self.blocking(|r| fill_extend(r, copy, ttl));
         extended(done, lock)
@@ -561,17 +563,24 @@ impl SharedRedlock {
 
     /// Releases `lock`, as [`Redlock::unlock`]: returns at a majority with the count of
     /// deletions confirmed by then (the other deletes are in flight, never waited for).
+    /// A lock that no node still held is [`Error::Expired`], not `Ok(0)`; the lock is
+    /// then [released](Lock::is_released), and another `unlock` or `extend` of it is
+    /// [`Error::InvalidArgument`] with nothing sent.
     ///
     /// [`Redlock::unlock`]: crate::Redlock::unlock
     pub async fn unlock(&self, lock: &Lock) -> Result<usize, Error> {
+        lock.check_unreleased("unlocked again")?;
         let copy = lock.duplicate();
-        released(self.run(|r| fill_unlock(r, copy)).await)
+        let result = released(self.run(|r| fill_unlock(r, copy)).await);
+        crate::redlock::released(lock, result)
     }
 
     /// [`SharedRedlock::unlock`], blocking the calling thread.
     pub fn blocking_unlock(&self, lock: &Lock) -> Result<usize, Error> {
+        lock.check_unreleased("unlocked again")?;
         let copy = lock.duplicate();
-        released(self.blocking(|r| fill_unlock(r, copy)))
+        let result = released(self.blocking(|r| fill_unlock(r, copy)));
+        crate::redlock::released(lock, result)
     }
 
     /// Acquires `resource` for `ttl` with retries (as [`SharedRedlock::lock`]), then keeps
@@ -693,11 +702,11 @@ impl SharedRedlock {
     }
 
     pub(crate) async fn release_lease(&self, lease: Arc<LeaseShared>) -> Result<usize, Error> {
-        released(self.run(|r| fill_release(r, lease)).await)
+        lease_count(released(self.run(|r| fill_release(r, lease)).await))
     }
 
     pub(crate) fn blocking_release_lease(&self, lease: Arc<LeaseShared>) -> Result<usize, Error> {
-        released(self.blocking(|r| fill_release(r, lease)))
+        lease_count(released(self.blocking(|r| fill_release(r, lease))))
     }
 
     /// A lease dropped without release: the loop releases it.
@@ -787,6 +796,16 @@ fn extended(done: Result<Done, Error>, lock: &mut Lock) -> Result<(), Error> {
             error.map_or(Ok(()), Err)
         }
         _ => Err(mismatched()),
+    }
+}
+
+/// A lease's release keeps its count: a lease held nowhere any more (lost) releases
+/// nothing, which `Lease::release` reports as `Ok(0)`, where `unlock` says
+/// [`Error::Expired`].
+fn lease_count(result: Result<usize, Error>) -> Result<usize, Error> {
+    match result {
+        Err(Error::Expired(f)) if f.op == crate::error::Phase::Release => Ok(0),
+        result => result,
     }
 }
 
