@@ -65,7 +65,7 @@ impl Endpoint {
         Endpoint::parse_as("node", url)
     }
 
-    fn parse_as(setting: &str, url: &str) -> Result<Endpoint, ConfigError> {
+    pub(crate) fn parse_as(setting: &str, url: &str) -> Result<Endpoint, ConfigError> {
         let bad = |problem: &str| ConfigError::new(setting, mask(url), problem);
         if let Some(rest) = url.strip_prefix("redis://") {
             let (addr, user, password, db, _) = parse_tcp(rest, &bad)?;
@@ -373,7 +373,7 @@ fn percent_decode(s: &str) -> Option<String> {
 
 /// Hides the password in a URL for error messages and `Debug`: the login's password (or
 /// the whole login when it has no ':'), and `password=`/`pass=` query values.
-fn mask(url: &str) -> String {
+pub(crate) fn mask(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     // Wider than `login_end` on purpose: a malformed URL may still carry a password.
     let at = if rest.starts_with('/') {

@@ -71,6 +71,7 @@ mod core;
 mod driver;
 mod error;
 mod fencing;
+mod from_env;
 mod inspect;
 mod lock;
 mod lock_all;
