@@ -94,7 +94,7 @@ pub use observer::{
 };
 pub use redlock::{MAX_RESOURCE, MAX_TTL, Redlock};
 pub use resp::{Limits, ProtocolError};
-pub use shared::{Lease, Lost, SharedRedlock};
+pub use shared::{Lease, Lost, NodeHealth, NodeState, SharedRedlock};
 
 /// Internals for this crate's benches, fuzz targets and tests. Not part of the API: no
 /// stability promise, may change in any release.

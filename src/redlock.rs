@@ -87,6 +87,26 @@ impl Redlock {
         })
     }
 
+    /// Every node's health, in configuration order: connected, connecting, lagging, or
+    /// down with why, and the last round trip measured to it (see
+    /// [`NodeHealth`](crate::NodeHealth)). Nothing is sent to the nodes: it takes in
+    /// what already arrived on the connections (and reopens those whose backoff has
+    /// passed) without waiting, then reads their state.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # let mut rl = quorumlock::Redlock::builder().nodes(["redis://127.0.0.1:7001"]).build()?;
+    /// for node in rl.health() {
+    ///     println!("{node}");
+    /// }
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    pub fn health(&mut self) -> Vec<crate::NodeHealth> {
+        self.driver.refresh();
+        self.driver.health()
+    }
+
     /// The validated settings.
     pub fn settings(&self) -> &Settings {
         &self.settings

@@ -34,6 +34,7 @@
 
 pub(crate) mod call;
 mod event_loop;
+pub(crate) mod health;
 pub(crate) mod lease;
 mod notices;
 
@@ -53,6 +54,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+pub use health::{NodeHealth, NodeState};
 pub use lease::{Lease, Lost};
 
 /// A Redlock client shared by every thread and task of a process: one event loop thread,
@@ -376,6 +378,38 @@ impl SharedRedlock {
             done: false,
         }
         .await
+    }
+
+    /// Every node's health, in configuration order: connected, connecting, lagging, or
+    /// down with why, and the last round trip measured to it (see [`NodeHealth`]).
+    ///
+    /// The loop thread reads it from its connections' state when it takes the request
+    /// (between two rounds, so at most one round's `node_timeout` later), after taking
+    /// in what already arrived without waiting (an idle client's loop does no I/O):
+    /// nothing is sent to the nodes, and it costs the loop microseconds. Fails only when
+    /// the loop has stopped.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn f(shared: quorumlock::SharedRedlock) -> Result<(), quorumlock::Error> {
+    /// let health = shared.health().await?;
+    /// let up = health
+    ///     .iter()
+    ///     .filter(|n| n.state == quorumlock::NodeState::Connected)
+    ///     .count();
+    /// if up < shared.quorum() {
+    ///     eprintln!("too few nodes up for a quorum: {health:?}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn health(&self) -> Result<Vec<NodeHealth>, Error> {
+        health_of(self.run(fill_health).await)
+    }
+
+    /// [`SharedRedlock::health`], blocking the calling thread.
+    pub fn blocking_health(&self) -> Result<Vec<NodeHealth>, Error> {
+        health_of(self.blocking(fill_health))
     }
 
     /// Acquires `resource` for `ttl`, retrying as [`Redlock::lock`] does (up to
@@ -770,6 +804,10 @@ fn fill_extend(r: &mut call::Request, lock: Lock, ttl: Duration) {
     r.ttl = ttl;
 }
 
+fn fill_health(r: &mut call::Request) {
+    r.op = Op::Health;
+}
+
 fn fill_unlock(r: &mut call::Request, lock: Lock) {
     r.op = Op::Unlock;
     r.lock = Some(lock);
@@ -806,6 +844,13 @@ fn lease_count(result: Result<usize, Error>) -> Result<usize, Error> {
     match result {
         Err(Error::Expired(f)) if f.op == crate::error::Phase::Release => Ok(0),
         result => result,
+    }
+}
+
+fn health_of(done: Result<Done, Error>) -> Result<Vec<NodeHealth>, Error> {
+    match done? {
+        Done::Health(health) => Ok(health),
+        _ => Err(mismatched()),
     }
 }
 
