@@ -229,3 +229,78 @@ fn a_failed_unlock_leaves_the_lock_unreleased_to_try_again() {
     );
     assert!(lock.is_released());
 }
+
+#[test]
+fn shared_batches_lock_and_unlock_as_the_direct_ones() {
+    let cluster = Cluster::start(3);
+    let shared = shared_client(&cluster);
+    let mut other = builder(&cluster).build().unwrap();
+    assert!(wait_until(Duration::from_secs(10), || other
+        .try_lock("batch:held", TTL)
+        .is_ok()));
+    let names = ["batch:a", "batch:held", "batch:b", ""];
+    let mut results = Vec::new();
+    assert!(wait_until(Duration::from_secs(10), || {
+        for lock in results.drain(..).flatten() {
+            let _ = shared.blocking_unlock(&lock);
+        }
+        results = shared.blocking_try_lock_many(&names, TTL);
+        results[0].is_ok() && results[2].is_ok()
+    }));
+    assert!(
+        matches!(results[1], Err(Error::Taken(_))),
+        "{:?}",
+        results[1]
+    );
+    assert!(
+        matches!(results[3], Err(Error::InvalidArgument(_))),
+        "{:?}",
+        results[3]
+    );
+    let a = results.remove(0).unwrap();
+    let b = results.remove(1).unwrap();
+    assert!(holders(&cluster, "batch:a") >= 2);
+    let released = shared.blocking_unlock_many(&[a, b]);
+    assert!(
+        released.iter().all(|r| matches!(r, Ok(n) if *n >= 1)),
+        "{released:?}"
+    );
+    assert!(wait_until(Duration::from_secs(10), || holders(
+        &cluster, "batch:a"
+    ) == 0
+        && holders(&cluster, "batch:b") == 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_shared_batches() {
+    let cluster = Cluster::start(3);
+    let shared = shared_client(&cluster);
+    let names: Vec<String> = (0..40).map(|i| format!("batch:async:{i}")).collect();
+    let mut results = shared.try_lock_many(&names, TTL).await;
+    for _ in 0..200 {
+        if results.iter().all(Result::is_ok) {
+            break;
+        }
+        for lock in results.drain(..).flatten() {
+            let _ = shared.unlock(&lock).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        results = shared.try_lock_many(&names, TTL).await;
+    }
+    let locks: Vec<Lock> = results.into_iter().map(|r| r.expect("free")).collect();
+    assert_eq!(locks.len(), 40);
+    assert!(holders(&cluster, "batch:async:39") >= 2);
+    let released = shared.unlock_many(&locks).await;
+    assert!(
+        released.iter().all(|r| matches!(r, Ok(n) if *n >= 1)),
+        "{released:?}"
+    );
+    assert!(locks.iter().all(Lock::is_released));
+    // Again: refused one by one, nothing sent.
+    let again = shared.unlock_many(&locks).await;
+    assert!(
+        again
+            .iter()
+            .all(|r| matches!(r, Err(Error::InvalidArgument(_))))
+    );
+}

@@ -32,6 +32,7 @@
 //!
 //! [`Redlock`]: crate::Redlock
 
+mod batch;
 pub(crate) mod call;
 mod event_loop;
 pub(crate) mod health;
@@ -162,6 +163,20 @@ impl Inner {
         }
         q.calls.push(Arc::clone(call));
         self.pending.fetch_add(1, Ordering::Release);
+        self.nudge(q);
+        true
+    }
+
+    /// Queues every one of `calls` under one lock of the queue (the loop takes them in
+    /// one pass) and wakes the loop once; false if the loop has ended.
+    fn submit_all(&self, calls: &[Arc<Call>]) -> bool {
+        crate::observer::refuse_reentry();
+        let mut q = self.queue();
+        if q.ended {
+            return false;
+        }
+        q.calls.extend(calls.iter().cloned());
+        self.pending.fetch_add(calls.len(), Ordering::Release);
         self.nudge(q);
         true
     }
