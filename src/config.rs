@@ -449,18 +449,22 @@ pub struct Settings {
 
 /// Builds a [`Redlock`]: set the nodes, optionally tune, then [`Builder::build`].
 ///
-/// | setting | default |
-/// |---|---|
-/// | `node_timeout` | 50 ms |
-/// | `connect_timeout` | 1 s |
-/// | `retry_count` | 3 (so 4 attempts) |
-/// | `retry_delay` | 200 ms |
-/// | `retry_jitter` | 100 ms |
-/// | `drift_factor` | 0.01 |
-/// | `max_backoff` | 1 s |
-/// | `restart_guard` | off (zero) |
-/// | `fencing` | off |
-/// | `max_hold` | none (a lease is kept alive until released or lost) |
+/// | setting | default | allowed |
+/// |---|---|---|
+/// | `node_timeout` | 50 ms | over zero, at most 1 h |
+/// | `connect_timeout` | 1 s | over zero, at most 1 h |
+/// | `retry_count` | 3 (so 4 attempts) | any |
+/// | `retry_delay` | 200 ms | at most 1 h |
+/// | `retry_jitter` | 100 ms | at most 1 h |
+/// | `drift_factor` | 0.01 | `[0, 1)` |
+/// | `max_backoff` | 1 s | over zero, at most 1 h |
+/// | `restart_guard` | off (zero) | at most [`MAX_TTL`](crate::MAX_TTL) (24 h) |
+/// | `fencing` | off | |
+/// | `max_hold` | none (a lease is kept alive until released or lost) | over zero |
+///
+/// A value out of range is an [`Error::Config`] from [`Builder::build`] (or
+/// [`Builder::settings`]) naming the setting: the setters themselves never fail. A lock's
+/// ttl is an argument of each call, from 1 ms to [`MAX_TTL`](crate::MAX_TTL).
 ///
 /// # Example
 ///
@@ -563,13 +567,15 @@ impl Builder {
         self
     }
 
-    /// Longest a round waits for replies (default 50 ms). Keep it small against the ttl.
+    /// Longest a round waits for replies (default 50 ms; over zero, at most one hour).
+    /// Keep it small against the ttl.
     pub fn node_timeout(mut self, d: Duration) -> Self {
         self.node_timeout = d;
         self
     }
 
-    /// Longest a connection attempt may take (default 1 s). Attempts never block a call.
+    /// Longest a connection attempt may take, host-name resolution included (default
+    /// 1 s; over zero, at most one hour). Attempts never block a call.
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self
@@ -581,14 +587,14 @@ impl Builder {
         self
     }
 
-    /// Mean delay between attempts (default 200 ms).
+    /// Mean delay between attempts (default 200 ms; at most one hour).
     pub fn retry_delay(mut self, d: Duration) -> Self {
         self.retry_delay = d;
         self
     }
 
-    /// Random spread around `retry_delay` (default 100 ms); delays below zero are clamped
-    /// to zero.
+    /// Random spread around `retry_delay` (default 100 ms; at most one hour); delays
+    /// below zero are clamped to zero.
     pub fn retry_jitter(mut self, d: Duration) -> Self {
         self.retry_jitter = d;
         self
@@ -600,7 +606,8 @@ impl Builder {
         self
     }
 
-    /// Cap on the reconnect backoff of a failed node (default 1 s).
+    /// Cap on the reconnect backoff of a failed node (default 1 s; over zero, at most one
+    /// hour).
     pub fn max_backoff(mut self, d: Duration) -> Self {
         self.max_backoff = d;
         self

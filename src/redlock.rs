@@ -14,8 +14,13 @@ use std::time::{Duration, Instant};
 /// A Redlock client over N independent Redis masters.
 ///
 /// One client owns one event loop and one connection per node, and runs one operation
-/// at a time (`&mut self`). For threads, give each its own client (it is `Send`), or
-/// share one behind a `Mutex`.
+/// at a time (`&mut self`), on the caller's thread. For many threads or tasks, use the
+/// shared client, [`SharedRedlock`](crate::SharedRedlock)
+/// ([`Builder::build_shared`]): `Clone + Send + Sync`, one loop and one connection per
+/// node for every clone, with `async` and `blocking_` calls; its blocking path costs
+/// about as much as this one. (A `Redlock` behind a `Mutex` would serialize every
+/// caller behind one round at a time; a `Redlock` per thread opens one connection per
+/// node per thread.)
 ///
 /// # Example
 ///
