@@ -45,6 +45,22 @@ fn dead_addr() -> SocketAddr {
     a
 }
 
+/// Takes locks on fresh resources (`{prefix}:{n}`, counting `n` up) until one's key is
+/// seen on `node` with its token; false if none within `PATIENCE`.
+fn reached(rl: &mut Redlock, prefix: &str, n: &mut usize, node: &common::Node) -> bool {
+    wait_until(PATIENCE, || {
+        *n += 1;
+        let resource = format!("{prefix}:{n}");
+        let Ok(lock) = rl.lock(&resource, Duration::from_secs(30)) else {
+            return false;
+        };
+        let token = lock.token().to_vec();
+        wait_until(Duration::from_secs(2), || {
+            node.admin().get(&resource).as_deref() == Some(&token[..])
+        })
+    })
+}
+
 #[test]
 fn a_name_moved_to_another_server_is_reached_there_at_the_next_connection() {
     let cluster = Cluster::start(3);
@@ -60,21 +76,8 @@ fn a_name_moved_to_another_server_is_reached_there_at_the_next_connection() {
 
     // Node 0 is reached through the name: a lock's key lands there.
     let mut n = 0;
-    let reached = |rl: &mut Redlock, n: &mut usize, node: &common::Node| {
-        wait_until(PATIENCE, || {
-            *n += 1;
-            let resource = format!("moving:{n}");
-            let Ok(lock) = rl.lock(&resource, Duration::from_secs(30)) else {
-                return false;
-            };
-            let token = lock.token().to_vec();
-            wait_until(Duration::from_secs(2), || {
-                node.admin().get(&resource).as_deref() == Some(&token[..])
-            })
-        })
-    };
     assert!(
-        reached(&mut rl, &mut n, cluster.node(0)),
+        reached(&mut rl, "moving", &mut n, cluster.node(0)),
         "no lock reached node 0 through its name"
     );
 
@@ -83,7 +86,7 @@ fn a_name_moved_to_another_server_is_reached_there_at_the_next_connection() {
     let before = n;
     assert!(cluster.node(0).admin().client_kill_normal() >= 1);
     assert!(
-        reached(&mut rl, &mut n, spare.node(0)),
+        reached(&mut rl, "moving", &mut n, spare.node(0)),
         "no lock reached the name's new address after the reconnect"
     );
     // And nothing taken after the move went to the old address.
@@ -135,17 +138,7 @@ fn localhost_goes_through_the_system_resolver() {
     let mut rl = builder(urls).build().expect("build");
     let mut n = 0;
     assert!(
-        wait_until(PATIENCE, || {
-            n += 1;
-            let resource = format!("local:{n}");
-            let Ok(lock) = rl.lock(&resource, Duration::from_secs(30)) else {
-                return false;
-            };
-            let token = lock.token().to_vec();
-            wait_until(Duration::from_secs(2), || {
-                cluster.node(0).admin().get(&resource).as_deref() == Some(&token[..])
-            })
-        }),
+        reached(&mut rl, "local", &mut n, cluster.node(0)),
         "no lock reached the node named localhost"
     );
 }

@@ -42,10 +42,7 @@ impl SharedRedlock {
         resources: &[R],
         ttl: Duration,
     ) -> Vec<Result<Lock, Error>> {
-        let fills = resources
-            .iter()
-            .map(|r| move |q: &mut call::Request| fill_lock(q, r.as_ref(), ttl, 1, None));
-        let answers = self.queue_all(fills);
+        let answers = self.queue_all(lock_fills(resources, ttl));
         let mut results = Vec::with_capacity(answers.len());
         for answer in answers {
             results.push(match answer {
@@ -62,10 +59,10 @@ impl SharedRedlock {
         resources: &[R],
         ttl: Duration,
     ) -> Vec<Result<Lock, Error>> {
-        let fills = resources
-            .iter()
-            .map(|r| move |q: &mut call::Request| fill_lock(q, r.as_ref(), ttl, 1, None));
-        self.wait_all(fills).into_iter().map(locked).collect()
+        self.wait_all(lock_fills(resources, ttl))
+            .into_iter()
+            .map(locked)
+            .collect()
     }
 
     /// Releases several locks, as [`Redlock::unlock_many`]: one result per lock, in
@@ -144,6 +141,16 @@ impl SharedRedlock {
         }
         calls.iter().map(|call| call.wait()).collect()
     }
+}
+
+/// One attempt on each of `resources`, as `try_lock` asks for it.
+fn lock_fills<R: AsRef<[u8]>>(
+    resources: &[R],
+    ttl: Duration,
+) -> impl Iterator<Item = impl FnOnce(&mut call::Request)> + '_ {
+    resources
+        .iter()
+        .map(move |r| move |q: &mut call::Request| fill_lock(q, r.as_ref(), ttl, 1, None))
 }
 
 fn make_calls<F: FnOnce(&mut call::Request)>(fills: impl Iterator<Item = F>) -> Vec<Arc<Call>> {
