@@ -16,8 +16,8 @@
 //!   is opened, never at build time and never on the caller's or the loop's thread: a
 //!   helper thread runs the blocking `getaddrinfo` (at most one in flight per node: a
 //!   reopen while it runs waits for the same answer) and hands the addresses back over a
-//!   channel, then rings a socket pair whose end is registered under the node's token,
-//!   so the answer arrives as an event of the node, like a connect's. Until then the
+//!   channel, then closes one end of a socket pair whose other end is registered under
+//!   the node's token: the hang-up is an event of the node, like a connect's. Until then the
 //!   node is connecting, within the same `connect_timeout` as a TCP connect (a resolver
 //!   that does not answer in time is [`NodeError::Resolve`]). Every address is tried in
 //!   the resolver's order, the next on a connect failure; one whose connect timed out
@@ -62,8 +62,9 @@ type Answer = io::Result<Vec<SocketAddr>>;
 
 /// A host name being resolved on a helper thread.
 struct Resolving {
-    /// Registered under the node's token; its peer is written to (then closed) once
-    /// the answer is in `answer`.
+    /// Registered under the node's token; its peer is closed once the answer is in
+    /// `answer` (a hang-up is a readable event; nothing is written, so a client gone
+    /// meanwhile costs no `SIGPIPE`).
     wake: UnixStream,
     answer: mpsc::Receiver<Answer>,
 }
@@ -72,15 +73,14 @@ impl Resolving {
     /// Starts resolving `host`: the blocking lookup runs on a thread of its own.
     #[cold]
     fn start(host: String, port: u16) -> io::Result<Resolving> {
-        let (wake, mut ring) = UnixStream::pair()?;
+        let (wake, ring) = UnixStream::pair()?;
         let (tx, answer) = mpsc::channel();
         std::thread::Builder::new()
             .name("quorumlock-resolve".into())
             .spawn(move || {
                 let _ = tx.send(resolve(&host, port));
-                // One byte into an empty socket buffer cannot block; the close that
-                // follows (dropping `ring`) is an event too.
-                let _ = ring.write(&[1]);
+                // The answer is in: the hang-up rings.
+                drop(ring);
             })?;
         Ok(Resolving { wake, answer })
     }
