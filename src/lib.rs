@@ -119,7 +119,7 @@ pub mod __private {
     }
     /// The test seam of host-name resolution: see `map_host`.
     pub mod resolver {
-        pub use crate::driver::conn::{map_host, unmap_host};
+        pub use crate::driver::conn::{map_host, map_host_slowly, unmap_host};
     }
 }
 

@@ -221,3 +221,57 @@ fn a_name_that_starts_resolving_later_is_connected_to_then() {
     assert!(cluster.node(0).admin().exists("later"));
     unmap_host(&host);
 }
+
+#[test]
+fn a_slow_resolver_holds_no_round_and_not_the_shared_loop() {
+    use quorumlock::__private::resolver::map_host_slowly;
+    use quorumlock::{NodeError, NodeState};
+    let cluster = Cluster::start(3);
+    let host = name("slow");
+    // Node 0's name takes a minute to resolve: longer than the whole test.
+    map_host_slowly(&host, &[addr(&cluster, 0)], Duration::from_secs(60));
+    let urls = vec![
+        format!("redis://{host}:6379"),
+        cluster.url(1),
+        cluster.url(2),
+    ];
+    // The connect timeout covers the resolution: with a minute, node 0 stays connecting.
+    let mut rl = builder(urls.clone())
+        .connect_timeout(Duration::from_secs(120))
+        .build()
+        .expect("build");
+    let shared = builder(urls.clone())
+        .connect_timeout(Duration::from_secs(120))
+        .build_shared()
+        .expect("build_shared");
+    // Both clients grant locks from the other two nodes while node 0 is still resolving:
+    // no call waited for the resolver.
+    assert!(wait_until(PATIENCE, || rl
+        .try_lock("slow:direct", Duration::from_secs(30))
+        .is_ok()));
+    assert_eq!(rl.health()[0].state, NodeState::Connecting);
+    assert!(wait_until(PATIENCE, || shared
+        .blocking_try_lock("slow:shared", Duration::from_secs(30))
+        .is_ok()));
+    assert_eq!(
+        shared.blocking_health().unwrap()[0].state,
+        NodeState::Connecting
+    );
+
+    // With a short connect timeout, a resolver that does not answer in time is a node
+    // down that says so.
+    let mut rl = builder(urls)
+        .connect_timeout(Duration::from_millis(200))
+        .build()
+        .expect("build");
+    let mut seen = Vec::new();
+    assert!(
+        wait_until(PATIENCE, || {
+            let _ = rl.try_lock("slow:timeout", Duration::from_secs(30));
+            seen = rl.health();
+            matches!(&seen[0].state, NodeState::Down(NodeError::Resolve { host: h, error })
+                if *h == host && error.contains("no answer"))
+        }),
+        "{seen:?}"
+    );
+}

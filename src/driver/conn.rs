@@ -86,15 +86,21 @@ impl Resolving {
     }
 }
 
+/// A name mapped by [`map_host`]: its addresses, and how long resolving it takes.
+type Mapped = (String, Vec<SocketAddr>, std::time::Duration);
+
 /// The names mapped by [`map_host`], looked up before the system's resolver.
-static MAPPED: Mutex<Vec<(String, Vec<SocketAddr>)>> = Mutex::new(Vec::new());
+static MAPPED: Mutex<Vec<Mapped>> = Mutex::new(Vec::new());
 
 /// Resolves `host` (blocking): a name mapped by [`map_host`] to its addresses, any
 /// other through the system's resolver (`getaddrinfo`).
 pub(crate) fn resolve(host: &str, port: u16) -> Answer {
     let mapped = MAPPED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, addrs)) = mapped.iter().find(|(h, _)| h.eq_ignore_ascii_case(host)) {
-        return Ok(addrs.clone());
+    if let Some((_, addrs, delay)) = mapped.iter().find(|(h, ..)| h.eq_ignore_ascii_case(host)) {
+        let (addrs, delay) = (addrs.clone(), *delay);
+        drop(mapped);
+        std::thread::sleep(delay);
+        return Ok(addrs);
     }
     drop(mapped);
     Ok((host, port).to_socket_addrs()?.collect())
@@ -109,16 +115,23 @@ pub(crate) fn resolve(host: &str, port: u16) -> Answer {
 /// file, no DNS server); use names under the reserved `.test` domain.
 #[doc(hidden)]
 pub fn map_host(host: &str, addrs: &[SocketAddr]) {
+    map_host_slowly(host, addrs, std::time::Duration::ZERO);
+}
+
+/// **Test seam, not API**: [`map_host`], each resolution of `host` taking `delay` (a
+/// slow or unreachable DNS server), on the resolver thread as a real lookup would.
+#[doc(hidden)]
+pub fn map_host_slowly(host: &str, addrs: &[SocketAddr], delay: std::time::Duration) {
     let mut mapped = MAPPED.lock().unwrap_or_else(|p| p.into_inner());
-    mapped.retain(|(h, _)| !h.eq_ignore_ascii_case(host));
-    mapped.push((host.to_string(), addrs.to_vec()));
+    mapped.retain(|(h, ..)| !h.eq_ignore_ascii_case(host));
+    mapped.push((host.to_string(), addrs.to_vec(), delay));
 }
 
 /// **Test seam, not API**: undoes [`map_host`] for `host`.
 #[doc(hidden)]
 pub fn unmap_host(host: &str) {
     let mut mapped = MAPPED.lock().unwrap_or_else(|p| p.into_inner());
-    mapped.retain(|(h, _)| !h.eq_ignore_ascii_case(host));
+    mapped.retain(|(h, ..)| !h.eq_ignore_ascii_case(host));
 }
 
 /// What a node named by a host name needs between its connects (unused for the others).
