@@ -97,8 +97,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // A's unlock deletes nothing: the key is B's now (the compare-and-delete checks the
-    // token), so it returns 0. B releases its own.
-    println!("A's unlock released it on {} nodes", a.unlock(&lock_a)?);
+    // token), and the unlock says so (`Error::Expired`, not a count). B releases its own.
+    match a.unlock(&lock_a) {
+        Err(quorumlock::Error::Expired(_)) => println!("A's unlock: held nowhere any more"),
+        other => return Err(format!("A's stale unlock: {other:?}").into()),
+    }
     println!("B's unlock released it on {} nodes", b.unlock(&lock_b)?);
     Ok(())
 }

@@ -4,7 +4,7 @@ use crate::Redlock;
 use crate::error::{ConfigError, Error};
 use crate::resp::Limits;
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -46,21 +46,30 @@ pub struct Endpoint {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Address {
+    /// An IP literal: connected to as is, nothing to resolve.
     Tcp(SocketAddr),
+    /// A host name (as written, without brackets) and port: resolved each time a
+    /// connection is opened (`driver::conn`), never at parse time, so a node whose
+    /// address changes is reached at its new one at the next reconnect.
+    Host(String, u16),
     Unix(PathBuf),
 }
 
 impl Endpoint {
-    /// Parses and checks a node URL; a TCP host name is resolved here, once.
+    /// Parses and checks a node URL. Nothing is resolved here: a host name is kept as
+    /// written and resolved each time a connection to the node is opened (so a node
+    /// whose address changes is reached at its new address at the next reconnect, and a
+    /// name that does not resolve yet is a node down, not an invalid URL). An IP
+    /// literal is never resolved.
     pub fn parse(url: &str) -> Result<Endpoint, ConfigError> {
         Endpoint::parse_as("node", url)
     }
 
-    fn parse_as(setting: &str, url: &str) -> Result<Endpoint, ConfigError> {
+    pub(crate) fn parse_as(setting: &str, url: &str) -> Result<Endpoint, ConfigError> {
         let bad = |problem: &str| ConfigError::new(setting, mask(url), problem);
         if let Some(rest) = url.strip_prefix("redis://") {
             let (addr, user, password, db, _) = parse_tcp(rest, &bad)?;
-            Ok(Endpoint::new(Address::Tcp(addr), user, password, db))
+            Ok(Endpoint::new(addr, user, password, db))
         } else if let Some(rest) = url.strip_prefix("rediss://") {
             Endpoint::parse_tls(rest, &bad)
         } else if let Some(rest) = url.strip_prefix("unix://") {
@@ -122,7 +131,7 @@ impl Endpoint {
     fn parse_tls(rest: &str, bad: &dyn Fn(&str) -> ConfigError) -> Result<Endpoint, ConfigError> {
         let (addr, user, password, db, host) = parse_tcp(rest, bad)?;
         let name = crate::tls::server_name(host).map_err(|e| bad(&e))?;
-        let mut e = Endpoint::new(Address::Tcp(addr), user, password, db);
+        let mut e = Endpoint::new(addr, user, password, db);
         e.shown.insert(5, 's');
         e.tls = Some(name);
         Ok(e)
@@ -163,6 +172,8 @@ impl Endpoint {
         let shown = match &addr {
             Address::Tcp(a) if db == 0 => format!("redis://{login}{a}"),
             Address::Tcp(a) => format!("redis://{login}{a}/{db}"),
+            Address::Host(h, port) if db == 0 => format!("redis://{login}{h}:{port}"),
+            Address::Host(h, port) => format!("redis://{login}{h}:{port}/{db}"),
             Address::Unix(p) if db == 0 => format!("unix://{login}{}", p.display()),
             Address::Unix(p) => format!("unix://{login}{}?db={db}", p.display()),
         };
@@ -177,11 +188,17 @@ impl Endpoint {
         }
     }
 
-    /// What identifies the server: its socket address, or its socket path, resolved
-    /// (links, `..`) when the file exists, else with `.` and repeated `/` dropped.
+    /// What identifies the server: its socket address (a host name as written, in
+    /// lower case: names are not resolved here, so two names for one server are told
+    /// apart only once connected, by its `run_id`: see [`NodeError::Duplicate`]), or
+    /// its socket path, resolved (links, `..`) when the file exists, else with `.` and
+    /// repeated `/` dropped.
+    ///
+    /// [`NodeError::Duplicate`]: crate::NodeError::Duplicate
     fn server(&self) -> String {
         match &self.addr {
             Address::Tcp(a) => a.to_string(),
+            Address::Host(h, port) => format!("{}:{port}", h.to_ascii_lowercase()),
             Address::Unix(p) => std::fs::canonicalize(p)
                 .unwrap_or_else(|_| p.components().collect())
                 .display()
@@ -210,9 +227,9 @@ impl std::fmt::Display for Endpoint {
     }
 }
 
-/// The parts of a `redis://` URL after the scheme: the address (resolved), the login,
-/// the db, and the host as written.
-type TcpParts<'a> = (SocketAddr, Option<String>, Option<String>, u32, &'a str);
+/// The parts of a `redis://` URL after the scheme: the address (an IP literal, or a name
+/// left unresolved), the login, the db, and the host as written.
+type TcpParts<'a> = (Address, Option<String>, Option<String>, u32, &'a str);
 
 fn parse_tcp<'a>(
     rest: &'a str,
@@ -235,11 +252,19 @@ fn parse_tcp<'a>(
     if host.is_empty() {
         return Err(bad("missing host"));
     }
-    let addr = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| bad(&format!("cannot resolve host {host:?}: {e}")))?
-        .next()
-        .ok_or_else(|| bad(&format!("host {host:?} resolves to no address")))?;
+    // An IP literal skips resolution for good; a name is resolved at each connect.
+    let addr = match host.parse::<IpAddr>() {
+        Ok(ip) => Address::Tcp(SocketAddr::new(ip, port)),
+        Err(_) => {
+            if host.contains(|c: char| c.is_whitespace() || c.is_control() || c == '[' || c == ']')
+            {
+                return Err(bad(&format!(
+                    "host {host:?} is not a host name or IP address"
+                )));
+            }
+            Address::Host(host.to_string(), port)
+        }
+    };
     Ok((addr, user, password, db, host))
 }
 
@@ -348,7 +373,7 @@ fn percent_decode(s: &str) -> Option<String> {
 
 /// Hides the password in a URL for error messages and `Debug`: the login's password (or
 /// the whole login when it has no ':'), and `password=`/`pass=` query values.
-fn mask(url: &str) -> String {
+pub(crate) fn mask(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     // Wider than `login_end` on purpose: a malformed URL may still carry a password.
     let at = if rest.starts_with('/') {
@@ -424,18 +449,22 @@ pub struct Settings {
 
 /// Builds a [`Redlock`]: set the nodes, optionally tune, then [`Builder::build`].
 ///
-/// | setting | default |
-/// |---|---|
-/// | `node_timeout` | 50 ms |
-/// | `connect_timeout` | 1 s |
-/// | `retry_count` | 3 (so 4 attempts) |
-/// | `retry_delay` | 200 ms |
-/// | `retry_jitter` | 100 ms |
-/// | `drift_factor` | 0.01 |
-/// | `max_backoff` | 1 s |
-/// | `restart_guard` | off (zero) |
-/// | `fencing` | off |
-/// | `max_hold` | none (a lease is kept alive until released or lost) |
+/// | setting | default | allowed |
+/// |---|---|---|
+/// | `node_timeout` | 50 ms | over zero, at most 1 h |
+/// | `connect_timeout` | 1 s | over zero, at most 1 h |
+/// | `retry_count` | 3 (so 4 attempts) | any |
+/// | `retry_delay` | 200 ms | at most 1 h |
+/// | `retry_jitter` | 100 ms | at most 1 h |
+/// | `drift_factor` | 0.01 | `[0, 1)` |
+/// | `max_backoff` | 1 s | over zero, at most 1 h |
+/// | `restart_guard` | off (zero) | at most [`MAX_TTL`](crate::MAX_TTL) (24 h) |
+/// | `fencing` | off | |
+/// | `max_hold` | none (a lease is kept alive until released or lost) | over zero |
+///
+/// A value out of range is an [`Error::Config`] from [`Builder::build`] (or
+/// [`Builder::settings`]) naming the setting: the setters themselves never fail. A lock's
+/// ttl is an argument of each call, from 1 ms to [`MAX_TTL`](crate::MAX_TTL).
 ///
 /// # Example
 ///
@@ -538,13 +567,15 @@ impl Builder {
         self
     }
 
-    /// Longest a round waits for replies (default 50 ms). Keep it small against the ttl.
+    /// Longest a round waits for replies (default 50 ms; over zero, at most one hour).
+    /// Keep it small against the ttl.
     pub fn node_timeout(mut self, d: Duration) -> Self {
         self.node_timeout = d;
         self
     }
 
-    /// Longest a connection attempt may take (default 1 s). Attempts never block a call.
+    /// Longest a connection attempt may take, host-name resolution included (default
+    /// 1 s; over zero, at most one hour). Attempts never block a call.
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self
@@ -556,14 +587,14 @@ impl Builder {
         self
     }
 
-    /// Mean delay between attempts (default 200 ms).
+    /// Mean delay between attempts (default 200 ms; at most one hour).
     pub fn retry_delay(mut self, d: Duration) -> Self {
         self.retry_delay = d;
         self
     }
 
-    /// Random spread around `retry_delay` (default 100 ms); delays below zero are clamped
-    /// to zero.
+    /// Random spread around `retry_delay` (default 100 ms; at most one hour); delays
+    /// below zero are clamped to zero.
     pub fn retry_jitter(mut self, d: Duration) -> Self {
         self.retry_jitter = d;
         self
@@ -575,7 +606,8 @@ impl Builder {
         self
     }
 
-    /// Cap on the reconnect backoff of a failed node (default 1 s).
+    /// Cap on the reconnect backoff of a failed node (default 1 s; over zero, at most one
+    /// hour).
     pub fn max_backoff(mut self, d: Duration) -> Self {
         self.max_backoff = d;
         self
@@ -835,8 +867,11 @@ impl Builder {
 
     /// Checks every setting, then opens connections without waiting for them.
     ///
-    /// Fails only on invalid settings (a [`Error::Config`] naming the setting and
-    /// value), never because a node is down: unreachable nodes are retried as calls go on.
+    /// Fails on invalid settings (an [`Error::Config`] naming the setting and value) or
+    /// when the operating system refuses the random source for lock tokens or the event
+    /// queue ([`Error::Os`]); never because a node is down or its host name does not
+    /// resolve (yet): host names are resolved each time a connection is opened, and
+    /// unreachable nodes are retried as calls go on.
     pub fn build(self) -> Result<Redlock, Error> {
         Redlock::from_settings(self.settings()?)
     }
@@ -846,7 +881,8 @@ impl Builder {
     /// one event loop and one connection per node for every clone of it.
     ///
     /// Fails on invalid settings ([`Error::Config`]) or when the operating system refuses
-    /// the event queue or the thread ([`Error::Os`]), never because a node is down.
+    /// the random source, the event queue or the thread ([`Error::Os`]), never because a
+    /// node is down or its host name does not resolve (yet).
     pub fn build_shared(self) -> Result<crate::SharedRedlock, Error> {
         crate::SharedRedlock::from_settings(self.settings()?)
     }
@@ -1113,7 +1149,17 @@ mod tests {
         assert!(err("unix:///tmp/s?db=x").contains("database"));
         assert!(err("unix:///tmp/s?color=red").contains("unknown query"));
         assert!(err("redis://[::1").contains("IPv6"));
-        assert!(err("redis://no-such-host.invalid:1").contains("resolve"));
+        assert!(err("redis://bad host:1").contains("not a host name"));
+        // A name is kept, not resolved: one that does not resolve (yet) is a node down
+        // at connect time, not an invalid URL.
+        let e = Endpoint::parse("redis://no-such-host.invalid:1").unwrap();
+        assert_eq!(e.addr, Address::Host("no-such-host.invalid".into(), 1));
+        assert_eq!(e.to_string(), "redis://no-such-host.invalid:1");
+        let e = Endpoint::parse("redis://[::1]:7000").unwrap();
+        assert!(
+            matches!(e.addr, Address::Tcp(_)),
+            "an IP literal is never resolved"
+        );
     }
 
     #[test]
@@ -1124,7 +1170,7 @@ mod tests {
         for url in [
             "redis://app:se/cr?et#x@127.0.0.1:0",
             "redis://app:s@e/cret@127.0.0.1:70000/1",
-            "redis://:se/cret@no-such-host.invalid:1",
+            "redis://:se/cret@no such host.invalid:1",
             "unix://u:se/cr@et@relative.sock",
             "unix:///tmp/s?db=x&pass=se/cret&password=se/cret",
             "app:se/cret@127.0.0.1:7001",
@@ -1179,7 +1225,6 @@ mod tests {
         for other in [
             "redis://127.0.0.1:7001/1",
             "redis://127.0.0.1:7001/4",
-            "redis://localhost:7001/2",
             "redis://u:pw@127.0.0.1:7001/3",
         ] {
             let e = dup("redis://127.0.0.1:7001", other).unwrap_err();
@@ -1193,6 +1238,11 @@ mod tests {
         let e = dup("unix:///tmp/ql.sock", "unix:///tmp//ql.sock").unwrap_err();
         assert!(e.contains("duplicate of nodes[1]"), "{e}");
         assert!(dup("redis://127.0.0.1:7001", "redis://127.0.0.1:7002").is_ok());
+        // A name is compared as written (case aside): it is not resolved at build time,
+        // so an alias of another node is caught once connected, by its run_id.
+        let e = dup("redis://Node-A:7001", "redis://node-a:7001/2").unwrap_err();
+        assert!(e.contains("duplicate of nodes[1]"), "{e}");
+        assert!(dup("redis://127.0.0.1:7001", "redis://localhost:7001").is_ok());
     }
 
     #[test]

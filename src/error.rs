@@ -35,11 +35,15 @@ pub enum Error {
     /// Not enough nodes answered (down, frozen, slow, erroring) for a quorum.
     Unavailable(Failure),
     /// A quorum agreed too late to leave any validity, or the lock to extend had already
-    /// expired (or been lost) on a majority of nodes.
+    /// expired (or been lost) on a majority of nodes; for an `unlock`, no node that
+    /// answered still held the lock (it had expired, or been taken over): nothing was
+    /// released, which `unlock` reports this way rather than as `Ok(0)`.
     Expired(Failure),
     /// An argument of the call is out of range (a ttl of zero, or not longer than the
     /// drift allowance, or over [`MAX_TTL`](crate::MAX_TTL); an empty resource name or
-    /// one over [`MAX_RESOURCE`](crate::MAX_RESOURCE)). Nothing was sent to any node.
+    /// one over [`MAX_RESOURCE`](crate::MAX_RESOURCE); a lock already
+    /// [released](crate::Lock::is_released), passed to `unlock` or `extend` again).
+    /// Nothing was sent to any node.
     InvalidArgument(ArgumentError),
     /// An invalid setting or node URL, found before any connection was attempted.
     Config(ConfigError),
@@ -332,6 +336,12 @@ impl Failure {
             Phase::Extend => {
                 "the lock expired before the extend: too few nodes still hold this token"
             }
+            Phase::Release if all_said_gone => {
+                "nothing to release: no node held this token any more (the lock had expired or been taken over)"
+            }
+            Phase::Release => {
+                "nothing to release: no node that answered held this token any more (the lock had expired or been taken over)"
+            }
             _ => {
                 "the lock expired while it was being acquired (a quorum agreed only after the validity had run out)"
             }
@@ -538,6 +548,17 @@ pub enum NodeError {
     /// speak TLS on that port (a plain Redis port waits silently for more of what it
     /// takes for a command).
     TlsNoAnswer,
+    /// The node's host name could not be resolved when its connection was opened: host
+    /// names are resolved at each connect (never at build time), on a helper thread, so
+    /// a name that does not resolve yet is a node down that is retried, and one whose
+    /// address changed is reached at its new address at the next reconnect.
+    Resolve {
+        /// The host name, as written in the node's URL.
+        host: String,
+        /// What the resolver said (no such name, no address, no answer within the
+        /// connect timeout).
+        error: String,
+    },
 }
 
 impl fmt::Display for NodeError {
@@ -587,6 +608,9 @@ impl fmt::Display for NodeError {
                 "connect timed out: the TLS handshake got no answer: does the node speak \
                  TLS on this port (rediss:// to a plain Redis port)?",
             ),
+            NodeError::Resolve { host, error } => {
+                write!(f, "cannot resolve host {host:?}: {error}")
+            }
         }
     }
 }

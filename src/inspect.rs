@@ -16,11 +16,12 @@
 
 use crate::config::{Address, Endpoint, Settings};
 use crate::core::session::Identity;
+use crate::driver::conn::resolve;
 use crate::error::NodeError;
 use crate::resp::encode::command;
 use crate::resp::{Limits, Reply, decode};
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -146,25 +147,39 @@ impl Write for Deadlined {
 }
 
 impl Stream {
-    fn open(node: &Endpoint, settings: &Settings) -> io::Result<Stream> {
-        match &node.addr {
-            Address::Tcp(addr) => {
-                let s = TcpStream::connect_timeout(addr, settings.connect_timeout)?;
-                s.set_nodelay(true)?;
-                #[cfg(feature = "tls")]
-                if let (Some(name), Some(config)) = (&node.tls, &settings.tls) {
-                    let conn = rustls::ClientConnection::new(config.get().clone(), name.clone())
-                        .map_err(io::Error::other)?;
-                    let sock = Deadlined {
-                        sock: s,
-                        deadline: Instant::now() + settings.connect_timeout,
-                    };
-                    return Ok(Stream::Tls(Box::new(rustls::StreamOwned::new(conn, sock))));
-                }
-                Ok(Stream::Tcp(s))
+    /// Connects to `node`; a node named by a host name at `resolved`, the addresses its
+    /// name resolved to, tried in order.
+    fn open(node: &Endpoint, settings: &Settings, resolved: &[SocketAddr]) -> io::Result<Stream> {
+        let addrs = match &node.addr {
+            Address::Tcp(addr) => std::slice::from_ref(addr),
+            Address::Host(..) => resolved,
+            Address::Unix(path) => return Ok(Stream::Unix(UnixStream::connect(path)?)),
+        };
+        let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+        for addr in addrs {
+            match TcpStream::connect_timeout(addr, settings.connect_timeout) {
+                Ok(s) => return Stream::over_tcp(s, node, settings),
+                Err(e) => last = e,
             }
-            Address::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path)?)),
         }
+        Err(last)
+    }
+
+    /// A connected socket, over TLS for a `rediss://` node.
+    #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
+    fn over_tcp(s: TcpStream, node: &Endpoint, settings: &Settings) -> io::Result<Stream> {
+        s.set_nodelay(true)?;
+        #[cfg(feature = "tls")]
+        if let (Some(name), Some(config)) = (&node.tls, &settings.tls) {
+            let conn = rustls::ClientConnection::new(config.get().clone(), name.clone())
+                .map_err(io::Error::other)?;
+            let sock = Deadlined {
+                sock: s,
+                deadline: Instant::now() + settings.connect_timeout,
+            };
+            return Ok(Stream::Tls(Box::new(rustls::StreamOwned::new(conn, sock))));
+        }
+        Ok(Stream::Tcp(s))
     }
 
     fn set_timeouts(&mut self, t: Duration) -> io::Result<()> {
@@ -297,7 +312,22 @@ impl Replies {
 
 fn view(node: &Endpoint, settings: &Settings, resource: &[u8]) -> Result<NodeView, NodeError> {
     let started = Instant::now();
-    let mut stream = Stream::open(node, settings).map_err(|e| {
+    // A host name is resolved here, on the caller's thread (`inspect` blocks anyway).
+    let resolved = match &node.addr {
+        Address::Host(host, port) => {
+            let unresolved = |error: String| NodeError::Resolve {
+                host: host.clone(),
+                error,
+            };
+            let addrs = resolve(host, *port).map_err(|e| unresolved(e.to_string()))?;
+            if addrs.is_empty() {
+                return Err(unresolved("it resolves to no address".into()));
+            }
+            addrs
+        }
+        _ => Vec::new(),
+    };
+    let mut stream = Stream::open(node, settings, &resolved).map_err(|e| {
         if matches!(
             e.kind(),
             io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock

@@ -76,6 +76,7 @@ mod core;
 mod driver;
 mod error;
 mod fencing;
+mod from_env;
 mod inspect;
 mod lock;
 mod lock_all;
@@ -99,7 +100,7 @@ pub use observer::{
 };
 pub use redlock::{MAX_RESOURCE, MAX_TTL, Redlock};
 pub use resp::{Limits, ProtocolError};
-pub use shared::{Lease, Lost, LostSignal, LostSignalFuture, SharedRedlock};
+pub use shared::{Lease, Lost, LostSignal, LostSignalFuture, NodeHealth, NodeState, SharedRedlock};
 
 /// Internals for this crate's benches, fuzz targets and tests. Not part of the API: no
 /// stability promise, may change in any release.
@@ -121,6 +122,10 @@ pub mod __private {
     /// The RESP2 codec.
     pub mod resp {
         pub use crate::resp::*;
+    }
+    /// The test seam of host-name resolution: see `map_host`.
+    pub mod resolver {
+        pub use crate::driver::conn::{map_host, map_host_slowly, unmap_host};
     }
 }
 

@@ -5,6 +5,7 @@ use crate::core::token::Token;
 use crate::error::{ArgumentError, Error};
 use std::fmt;
 use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Resource names up to this many bytes are stored inline: taking a lock on them does not
@@ -15,6 +16,12 @@ pub const INLINE_RESOURCE: usize = 64;
 ///
 /// `Lock` does not release itself on drop (it has no connection); pass it to
 /// [`Redlock::unlock`](crate::Redlock::unlock), or let the keys expire with the ttl.
+///
+/// One `Lock` value stands for one hold: it is not `Clone` (a copy unlocked on one side
+/// would look valid on the other). Once [`unlock`](crate::Redlock::unlock) has released
+/// it (or found that no node still held it), it is [released](Lock::is_released): no
+/// longer [valid](Lock::is_valid), and a second `unlock` or an `extend` of it is refused
+/// with [`Error::InvalidArgument`] without sending anything.
 ///
 /// # Example
 ///
@@ -31,7 +38,6 @@ pub const INLINE_RESOURCE: usize = 64;
 /// rl.unlock(&lock)?;
 /// # Ok::<(), quorumlock::Error>(())
 /// ```
-#[derive(Clone)]
 #[must_use = "a Lock dropped unused is not released: its keys stay held until their ttl ends; pass it to unlock"]
 pub struct Lock {
     resource: Resource,
@@ -57,6 +63,10 @@ pub struct Lock {
     /// The fence, when taken with fencing on. Fences start at 1 (one more than the
     /// largest counter read, which starts at 0), so `None` takes no extra word.
     fence: Option<NonZeroU64>,
+    /// Set by the unlock that released it (or found it held nowhere): the lock can no
+    /// longer be extended or released. Atomic, as `unlock` takes `&Lock` and a lock may
+    /// be shared between threads.
+    released: AtomicBool,
 }
 
 impl Lock {
@@ -78,10 +88,10 @@ impl Lock {
             until: clock::stamp_of(deadline),
             more: None,
             fence: None,
+            released: AtomicBool::new(false),
         }
     }
 
-    /// With the resources after the first (a lock taken by `lock_all`).
     /// A copy, for the shared client's loop (a lock is not `Clone`: one value per hold).
     pub(crate) fn duplicate(&self) -> Lock {
         Lock {
@@ -94,9 +104,11 @@ impl Lock {
             until: self.until,
             more: self.more.clone(),
             fence: self.fence,
+            released: AtomicBool::new(self.is_released()),
         }
     }
 
+    /// With the resources after the first (a lock taken by `lock_all`).
     pub(crate) fn with_more(mut self, more: Vec<Box<[u8]>>) -> Lock {
         self.more = (!more.is_empty()).then(|| Box::new(more));
         self
@@ -205,18 +217,64 @@ impl Lock {
         self.deadline
     }
 
-    /// Validity left now; zero once expired. Measured on a clock that counts time the
-    /// machine spent suspended (`CLOCK_BOOTTIME` on Linux), as the nodes' keys keep
-    /// expiring meanwhile: a lock held across a suspend longer than its validity is
-    /// reported expired on resume. Not covered: a virtual machine paused by its host,
-    /// whose clocks all stand still.
+    /// Validity left now; zero once expired or [released](Lock::is_released). Measured
+    /// on a clock that counts time the machine spent suspended (`CLOCK_BOOTTIME` on
+    /// Linux), as the nodes' keys keep expiring meanwhile: a lock held across a suspend
+    /// longer than its validity is reported expired on resume. Not covered: a virtual
+    /// machine paused by its host, whose clocks all stand still.
     pub fn remaining(&self) -> Duration {
+        if self.is_released() {
+            return Duration::ZERO;
+        }
         self.until.saturating_duration_since(clock::now())
     }
 
-    /// True while the lock is still valid (as [`Lock::remaining`] measures it).
+    /// True while the lock is still valid (as [`Lock::remaining`] measures it): before
+    /// its deadline, and not [released](Lock::is_released).
     pub fn is_valid(&self) -> bool {
-        clock::now() < self.until
+        clock::now() < self.until && !self.is_released()
+    }
+
+    /// True once an `unlock` ([`Redlock::unlock`](crate::Redlock::unlock),
+    /// [`SharedRedlock::unlock`](crate::SharedRedlock::unlock), or a batch of them)
+    /// released this lock, or found that no node still held it. A released lock is no
+    /// longer valid; another `unlock` or an `extend` of it returns
+    /// [`Error::InvalidArgument`] and sends nothing. An unlock that failed
+    /// ([`Error::Unavailable`]: too few nodes answered) leaves it unreleased, so it can
+    /// be tried again.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # let mut rl = quorumlock::Redlock::builder().nodes(["redis://127.0.0.1:7001"]).build()?;
+    /// let lock = rl.lock("orders:42", Duration::from_secs(10))?;
+    /// rl.unlock(&lock)?;
+    /// assert!(lock.is_released() && !lock.is_valid());
+    /// assert!(matches!(rl.unlock(&lock), Err(quorumlock::Error::InvalidArgument(_))));
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    pub fn is_released(&self) -> bool {
+        self.released.load(Ordering::Relaxed)
+    }
+
+    /// Marks it released (see [`Lock::is_released`]).
+    pub(crate) fn mark_released(&self) {
+        self.released.store(true, Ordering::Relaxed);
+    }
+
+    /// [`Error::InvalidArgument`] for a released lock (`what` it cannot be: "unlocked
+    /// again", "extended"), nothing sent; `Ok` otherwise.
+    #[inline]
+    pub(crate) fn check_unreleased(&self, what: &str) -> Result<(), Error> {
+        if self.is_released() {
+            return Err(Error::InvalidArgument(ArgumentError::new(
+                "lock",
+                format!("{:?}", crate::error::Escaped(self.resource())),
+                format!("already released by an unlock: it cannot be {what}; take a new lock"),
+            )));
+        }
+        Ok(())
     }
 
     pub(crate) fn renew(&mut self, ttl: Duration, started: Instant, deadline: Instant) {

@@ -14,8 +14,13 @@ use std::time::{Duration, Instant};
 /// A Redlock client over N independent Redis masters.
 ///
 /// One client owns one event loop and one connection per node, and runs one operation
-/// at a time (`&mut self`). For threads, give each its own client (it is `Send`), or
-/// share one behind a `Mutex`.
+/// at a time (`&mut self`), on the caller's thread. For many threads or tasks, use the
+/// shared client, [`SharedRedlock`](crate::SharedRedlock)
+/// ([`Builder::build_shared`]): `Clone + Send + Sync`, one loop and one connection per
+/// node for every clone, with `async` and `blocking_` calls; its blocking path costs
+/// about as much as this one. (A `Redlock` behind a `Mutex` would serialize every
+/// caller behind one round at a time; a `Redlock` per thread opens one connection per
+/// node per thread.)
 ///
 /// # Example
 ///
@@ -85,6 +90,26 @@ impl Redlock {
             lost: Vec::new(),
             safe_ttl: (0, None),
         })
+    }
+
+    /// Every node's health, in configuration order: connected, connecting, lagging, or
+    /// down with why, and the last round trip measured to it (see
+    /// [`NodeHealth`](crate::NodeHealth)). Nothing is sent to the nodes: it takes in
+    /// what already arrived on the connections (and reopens those whose backoff has
+    /// passed) without waiting, then reads their state.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # let mut rl = quorumlock::Redlock::builder().nodes(["redis://127.0.0.1:7001"]).build()?;
+    /// for node in rl.health() {
+    ///     println!("{node}");
+    /// }
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    pub fn health(&mut self) -> Vec<crate::NodeHealth> {
+        self.driver.refresh();
+        self.driver.health()
     }
 
     /// The validated settings.
@@ -330,6 +355,7 @@ impl Redlock {
     /// it is never moved later. A `ttl` out of range is [`Error::InvalidArgument`], as for
     /// [`Redlock::lock`], with nothing sent.
     pub fn extend(&mut self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        lock.check_unreleased("extended")?;
         let ttl_ms = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(ttl_ms);
         if safe_span(ttl, self.settings.drift_factor).is_none() {
@@ -399,13 +425,41 @@ impl Redlock {
     /// whole ttl.
     ///
     /// If fewer than a majority answer, [`Error::Unavailable`] says which did not; the
-    /// keys there expire with the ttl. Unlocking twice, or after expiry, is harmless: it
-    /// returns `Ok(0)` or the nodes that still had the key.
+    /// keys there expire with the ttl, and the lock can be unlocked again.
+    ///
+    /// A lock that no node still held (it expired, or was taken over, everywhere that
+    /// answered) is [`Error::Expired`] (its nodes' outcomes are
+    /// [`Outcome::NotHeld`](crate::Outcome::NotHeld)), never `Ok(0)`: `Ok(n)` always
+    /// means that `n ≥ 1` nodes deleted our key. (A lock over several resources, from
+    /// [`Redlock::lock_all`], is held on a node only with every key there: one partly
+    /// gone everywhere is `Expired`, its remaining keys deleted all the same.) Either
+    /// way the lock is then
+    /// [released](Lock::is_released): another `unlock` (or an `extend`) of it is
+    /// [`Error::InvalidArgument`], and sends nothing.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// use quorumlock::Error;
+    /// # let mut rl = quorumlock::Redlock::builder().nodes(["redis://127.0.0.1:7001"]).build()?;
+    /// let lock = rl.lock("report:daily", Duration::from_secs(10))?;
+    /// // ... the work ...
+    /// match rl.unlock(&lock) {
+    ///     Ok(n) => println!("released on {n} nodes"),
+    ///     // The lock had run out before the release: the work may have overlapped
+    ///     // another holder's.
+    ///     Err(Error::Expired(f)) => eprintln!("held nowhere any more: {f}"),
+    ///     Err(e) => eprintln!("release failed (the keys expire with the ttl): {e}"),
+    /// }
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn unlock(&mut self, lock: &Lock) -> Result<usize, Error> {
+        lock.check_unreleased("unlocked again")?;
         let items = lock_items(lock);
         let req = release_request(lock, &items);
         let start = self.driver.run(&mut self.round, &req);
-        self.settle_release(&items[0], 0, start)
+        released(lock, self.settle_release(&items[0], 0, start))
     }
 
     /// The first half of [`Redlock::unlock`], for the shared client: writes the release
@@ -440,7 +494,17 @@ impl Redlock {
         start: Instant,
     ) -> Result<usize, Error> {
         if self.round.answered(slot) >= self.quorum() {
-            Ok(self.round.yes(slot))
+            match self.round.yes(slot) {
+                // No node that answered still held it: told apart from a release.
+                0 => Err(Error::Expired(self.failure(
+                    Phase::Release,
+                    item.key,
+                    slot,
+                    1,
+                    start,
+                ))),
+                n => Ok(n),
+            }
         } else {
             Err(Error::Unavailable(self.failure(
                 Phase::Release,
@@ -564,9 +628,14 @@ impl Redlock {
     }
 
     /// Releases several locks in one round per batch; one result per lock, as
-    /// [`Redlock::unlock`].
+    /// [`Redlock::unlock`] (a lock held nowhere any more is [`Error::Expired`], a lock
+    /// already released [`Error::InvalidArgument`]; each lock released or found held
+    /// nowhere is [released](Lock::is_released)).
     pub fn unlock_many(&mut self, locks: &[Lock]) -> Vec<Result<usize, Error>> {
-        if locks.iter().any(|l| l.is_multi() || l.fence().is_some()) {
+        if locks
+            .iter()
+            .any(|l| l.is_multi() || l.fence().is_some() || l.is_released())
+        {
             // A lock over several resources, or a fenced one, is released by a script of
             // its own.
             return locks.iter().map(|lock| self.unlock(lock)).collect();
@@ -586,8 +655,8 @@ impl Redlock {
             let chase = batch.iter().fold(0, |mask, l| mask | l.written());
             let req = Request::new(Phase::Release, 0, &items, chase);
             let start = self.driver.run(&mut self.round, &req);
-            for (slot, item) in items.iter().enumerate() {
-                results.push(self.settle_release(item, slot, start));
+            for (slot, (item, lock)) in items.iter().zip(batch).enumerate() {
+                results.push(released(lock, self.settle_release(item, slot, start)));
             }
             rest = tail;
         }
@@ -730,6 +799,16 @@ fn bad_ttl(ttl: Duration) -> Error {
         format!("longer than MAX_TTL ({MAX_TTL:?}): hold a shorter lock and extend it")
     };
     Error::InvalidArgument(ArgumentError::new("ttl", format!("{ttl:?}"), problem))
+}
+
+/// `result` of unlocking `lock`, which is released when no node holds it any more
+/// (deleted where it was held, or held nowhere); a failed unlock can be tried again.
+#[inline]
+pub(crate) fn released(lock: &Lock, result: Result<usize, Error>) -> Result<usize, Error> {
+    if matches!(result, Ok(_) | Err(Error::Expired(_))) {
+        lock.mark_released();
+    }
+    result
 }
 
 /// The release round of `lock` over its `items`, as [`Redlock::unlock`] sends it.

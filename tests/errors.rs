@@ -81,8 +81,15 @@ fn extend_after_unlock_says_no_node_holds_the_token() {
     let cluster = Cluster::start(5);
     let mut rl = client(&cluster.urls());
     let mut lock = rl.lock("errors:extend-after-unlock", TTL).expect("lock");
-    let deadline = lock.deadline();
+    // The same hold as a second value (as handed over to another process), which the
+    // unlock does not mark released: its extend goes to the nodes.
+    let mut copy = quorumlock::Lock::from_parts(lock.to_parts()).expect("parts");
     rl.unlock(&lock).expect("unlock");
+    // The unlocked value itself is refused without a round.
+    let refused = rl.extend(&mut lock, TTL).expect_err("released");
+    assert!(matches!(refused, Error::InvalidArgument(_)), "{refused}");
+    let mut lock = std::mem::replace(&mut copy, lock);
+    let deadline = lock.deadline();
     let err = rl.extend(&mut lock, TTL).expect_err("nothing to extend");
     let Error::Expired(f) = &err else {
         panic!("wrong error kind: {err:?}");

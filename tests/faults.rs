@@ -943,9 +943,30 @@ fn unlock_twice_and_unlock_after_expiry() {
     .all(|h| *h == token)));
     // At least the quorum (unlock returns at a majority), and the key goes everywhere.
     unlock_everywhere(&mut rl, &cluster, &all, &lock);
-    // Every node deleted it (the first unlock's deletes precede the second's on each
-    // connection anyway): nothing left to release.
-    assert_eq!(rl.unlock(&lock).expect("second unlock"), 0);
+    // The lock is released: a second unlock (or an extend) is refused, nothing sent.
+    assert!(lock.is_released() && !lock.is_valid());
+    let e = rl.unlock(&lock).expect_err("second unlock");
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(e.to_string().contains("already released"), "{e}");
+    let mut same = lock;
+    let e = rl.extend(&mut same, TTL).expect_err("extend after unlock");
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    // The same hold as another value (handed over as parts): every node deleted the key
+    // already, so it is told apart from a release: held nowhere, `Expired`.
+    let mut parts = same.to_parts();
+    parts.remaining = parts.ttl / 2;
+    let copy = Lock::from_parts(parts).expect("parts");
+    let e = rl.unlock(&copy).expect_err("unlock of a lock held nowhere");
+    let Error::Expired(f) = &e else {
+        panic!("wrong error kind: {e:?}");
+    };
+    assert_eq!(f.op, Phase::Release);
+    assert!(
+        f.nodes.iter().all(|n| n.outcome != Outcome::Released),
+        "{e}"
+    );
+    assert!(e.to_string().contains("nothing to release"), "{e}");
+    assert!(copy.is_released());
 
     let lock = rl
         .try_lock("expired", Duration::from_millis(100))
@@ -959,7 +980,12 @@ fn unlock_twice_and_unlock_after_expiry() {
         "key did not expire"
     );
     assert!(!lock.is_valid());
-    assert_eq!(rl.unlock(&lock).expect("unlock of an expired lock"), 0);
+    let e = rl.unlock(&lock).expect_err("unlock of an expired lock");
+    assert!(
+        matches!(&e, Error::Expired(f) if f.op == Phase::Release),
+        "{e}"
+    );
+    assert!(lock.is_released());
 }
 
 #[test]
@@ -986,8 +1012,7 @@ fn stale_release_never_deletes_the_new_holders_key() {
         5
     ]));
 
-    // A's release and extend come too late and must not touch B's key.
-    assert_eq!(a.unlock(&a_lock).expect("stale unlock"), 0);
+    // A's extend and release come too late and must not touch B's key.
     let err = a
         .extend(&mut a_lock, TTL)
         .expect_err("extend of an expired lock");
@@ -997,6 +1022,12 @@ fn stale_release_never_deletes_the_new_holders_key() {
     assert_eq!(f.op, Phase::Extend);
     assert_eq!(f.attempts, 0, "an expired lock is refused without a round");
     assert!(f.nodes.is_empty(), "{err}");
+    // Every node holds B's token: A's unlock is told apart from a release.
+    let err = a.unlock(&a_lock).expect_err("stale unlock");
+    assert!(
+        matches!(&err, Error::Expired(f) if f.op == Phase::Release),
+        "{err}"
+    );
     assert_eq!(holders(&cluster, &all, "stale"), vec![b_token.clone(); 5]);
     for i in all {
         let pttl = cluster.node(i).admin().pttl("stale");
@@ -1057,7 +1088,11 @@ fn extend_after_another_client_took_over_is_expired() {
             "node {i}: B's ttl changed: {pttl}"
         );
     }
-    assert_eq!(a.unlock(&a_lock).expect("A's stale unlock"), 0);
+    let e = a.unlock(&a_lock).expect_err("A's stale unlock");
+    assert!(
+        matches!(&e, Error::Expired(f) if f.op == Phase::Release),
+        "{e}"
+    );
     assert_eq!(holders(&cluster, &all, "takeover"), vec![b_token; 5]);
     unlock_everywhere(&mut b, &cluster, &all, &b_lock);
 }

@@ -228,7 +228,9 @@ fn stale_lock_release_never_deletes_the_new_holders_key() {
     wait_values(&cluster, b"k", None);
     let new = b.lock("k", Duration::from_secs(10)).unwrap();
     wait_values(&cluster, b"k", Some(new.token()));
-    assert_eq!(a.unlock(&old).unwrap(), 0, "the stale lock owns nothing");
+    let e = a.unlock(&old).expect_err("the stale lock owns nothing");
+    assert!(matches!(e, Error::Expired(_)), "{e}");
+    assert!(old.is_released());
     assert!(
         values(&cluster, b"k")
             .iter()

@@ -850,7 +850,7 @@ fn reply_nobody_asked_for_during_a_round_resets_the_connection() {
     let called = Instant::now();
     let result = rl.try_lock("scenario:stray-in-round", LONG_TTL);
     let returned = Instant::now();
-    let lock: Option<Lock> = result.as_ref().ok().cloned();
+    let lock: Option<&Lock> = result.as_ref().ok();
     assert!(
         lock.is_none(),
         "a stray +OK was counted as a vote: granted {lock:?}"

@@ -449,6 +449,11 @@ impl Engine {
         &self.sessions
     }
 
+    /// The number of the current round (what `Session::rounds_behind` measures from).
+    pub fn round_id(&self) -> u64 {
+        self.round_id
+    }
+
     /// The timing it runs with.
     pub fn timing(&self) -> &Timing {
         &self.timing

@@ -342,6 +342,9 @@ pub struct Session {
     pub(crate) lag_noted: bool,
     /// A connection of this node has answered its handshake before.
     pub(crate) connected_before: bool,
+    /// The round trip of the last handshake answered (sent to `PONG`), for health
+    /// reports: the hot path reads no clock, so this is the latency measured last.
+    pub(crate) handshake_rtt: Option<std::time::Duration>,
     /// The marker was missing when this connection's handshake wrote it.
     marker_created: bool,
     /// The `run_id` and marker this client last saw at this endpoint (restart guard on),
@@ -407,6 +410,7 @@ impl Session {
             held: false,
             lag_noted: false,
             connected_before: false,
+            handshake_rtt: None,
             marker_created: false,
             seen: None,
             new_since: None,
@@ -796,6 +800,12 @@ impl Session {
                     let error = match reply {
                         Reply::Simple(got) if got == want.text() => {
                             self.consume(used);
+                            if want == Handshake::Pong {
+                                // The handshake's round trip: the one latency measured
+                                // off the hot path (health reports).
+                                self.handshake_rtt =
+                                    Some(now.saturating_duration_since(expect.sent_at));
+                            }
                             continue;
                         }
                         Reply::Error(msg) => {

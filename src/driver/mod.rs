@@ -350,6 +350,59 @@ impl Driver {
         self.forward();
     }
 
+    /// Brings the connections up to date without waiting: opens those whose backoff has
+    /// passed, drops connects past their timeout, and takes in whatever already arrived
+    /// (connects completed, handshake replies, late replies), in a few non-blocking
+    /// polls. For a health report from a client that made no call lately.
+    pub fn refresh(&mut self) {
+        self.engine.maintain(&mut self.net, Instant::now());
+        // A handshake is a few steps (connected, written, answered): a few polls, each
+        // taking what is there, none waiting.
+        for _ in 0..4 {
+            if !self
+                .waits
+                .once(&mut self.engine, &mut self.net, Duration::ZERO, None)
+            {
+                break;
+            }
+        }
+        self.forward();
+    }
+
+    /// Every node's health, read from the sessions (no I/O).
+    pub fn health(&self) -> Vec<crate::shared::health::NodeHealth> {
+        use crate::core::engine::MAX_ROUNDS_BEHIND;
+        use crate::core::session::State;
+        use crate::shared::health::{NodeHealth, NodeState};
+        let now = Instant::now();
+        let cutoff = now.checked_sub(self.engine.timing().node_timeout);
+        let round = self.engine.round_id();
+        self.engine
+            .sessions()
+            .iter()
+            .zip(self.net.endpoints())
+            .map(|(s, e)| NodeHealth {
+                node: e.to_string(),
+                state: match s.state {
+                    State::Down => NodeState::Down(match s.down_error() {
+                        // "Down, reconnecting" is what `NodeState::Down` says already.
+                        crate::error::NodeError::Down(why) => (*why).clone(),
+                        why => why,
+                    }),
+                    State::Connecting => NodeState::Connecting,
+                    State::Ready if s.handshaking() => NodeState::Connecting,
+                    State::Ready
+                        if s.is_lagging(cutoff) || s.rounds_behind(round) > MAX_ROUNDS_BEHIND =>
+                    {
+                        NodeState::Lagging
+                    }
+                    State::Ready => NodeState::Connected,
+                },
+                latency: s.handshake_rtt,
+            })
+            .collect()
+    }
+
     /// Whether a node, as last identified, runs in cluster mode.
     pub fn cluster_mode(&self) -> bool {
         self.engine

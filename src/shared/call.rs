@@ -49,6 +49,8 @@ pub(crate) enum Op {
     Unlock,
     /// Release the lease `lease`.
     Release,
+    /// Report every node's health (`Done::Health`), from the loop's sessions.
+    Health,
 }
 
 /// What the loop answers.
@@ -63,6 +65,8 @@ pub(crate) enum Done {
     Leased(Arc<LeaseShared>),
     /// How many nodes confirmed a release.
     Released(usize),
+    /// Every node's health, in configuration order.
+    Health(Vec<crate::shared::health::NodeHealth>),
 }
 
 /// A request and, once the loop has run it, its answer.

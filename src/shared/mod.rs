@@ -37,8 +37,10 @@
 //!
 //! [`Redlock`]: crate::Redlock
 
+mod batch;
 pub(crate) mod call;
 mod event_loop;
+pub(crate) mod health;
 pub(crate) mod lease;
 mod notices;
 mod timer;
@@ -59,6 +61,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+pub use health::{NodeHealth, NodeState};
 pub use lease::{Lease, Lost, LostSignal, LostSignalFuture};
 
 /// A Redlock client shared by every thread and task of a process: one event loop thread,
@@ -166,6 +169,20 @@ impl Inner {
         }
         q.calls.push(Arc::clone(call));
         self.pending.fetch_add(1, Ordering::Release);
+        self.nudge(q);
+        true
+    }
+
+    /// Queues every one of `calls` under one lock of the queue (the loop takes them in
+    /// one pass) and wakes the loop once; false if the loop has ended.
+    fn submit_all(&self, calls: &[Arc<Call>]) -> bool {
+        crate::observer::refuse_reentry();
+        let mut q = self.queue();
+        if q.ended {
+            return false;
+        }
+        q.calls.extend(calls.iter().cloned());
+        self.pending.fetch_add(calls.len(), Ordering::Release);
         self.nudge(q);
         true
     }
@@ -384,6 +401,38 @@ impl SharedRedlock {
         .await
     }
 
+    /// Every node's health, in configuration order: connected, connecting, lagging, or
+    /// down with why, and the last round trip measured to it (see [`NodeHealth`]).
+    ///
+    /// The loop thread reads it from its connections' state when it takes the request
+    /// (between two rounds, so at most one round's `node_timeout` later), after taking
+    /// in what already arrived without waiting (an idle client's loop does no I/O):
+    /// nothing is sent to the nodes, and it costs the loop microseconds. Fails only when
+    /// the loop has stopped.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn f(shared: quorumlock::SharedRedlock) -> Result<(), quorumlock::Error> {
+    /// let health = shared.health().await?;
+    /// let up = health
+    ///     .iter()
+    ///     .filter(|n| n.state == quorumlock::NodeState::Connected)
+    ///     .count();
+    /// if up < shared.quorum() {
+    ///     eprintln!("too few nodes up for a quorum: {health:?}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn health(&self) -> Result<Vec<NodeHealth>, Error> {
+        health_of(self.run(fill_health).await)
+    }
+
+    /// [`SharedRedlock::health`], blocking the calling thread.
+    pub fn blocking_health(&self) -> Result<Vec<NodeHealth>, Error> {
+        health_of(self.blocking(fill_health))
+    }
+
     /// Acquires `resource` for `ttl`, retrying as [`Redlock::lock`] does (up to
     /// `retry_count` retries, `retry_delay ± retry_jitter` apart); same errors.
     ///
@@ -548,6 +597,7 @@ impl SharedRedlock {
     /// the extend could have set it (`start + ttl − drift` from the moment it was queued,
     /// when that is earlier): it may have been applied on the nodes.
     pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        lock.check_unreleased("extended")?;
         let copy = lock.duplicate();
         let mut guard = ExtendGuard {
             earliest: ttl_millis(ttl).ok().map(|ms| {
@@ -566,6 +616,7 @@ impl SharedRedlock {
 
     /// [`SharedRedlock::extend`], blocking the calling thread.
     pub fn blocking_extend(&self, lock: &mut Lock, ttl: Duration) -> Result<(), Error> {
+        lock.check_unreleased("extended")?;
         let copy = lock.duplicate();
         let done = self.blocking(|r| fill_extend(r, copy, ttl));
         extended(done, lock)
@@ -573,17 +624,24 @@ impl SharedRedlock {
 
     /// Releases `lock`, as [`Redlock::unlock`]: returns at a majority with the count of
     /// deletions confirmed by then (the other deletes are in flight, never waited for).
+    /// A lock that no node still held is [`Error::Expired`], not `Ok(0)`; the lock is
+    /// then [released](Lock::is_released), and another `unlock` or `extend` of it is
+    /// [`Error::InvalidArgument`] with nothing sent.
     ///
     /// [`Redlock::unlock`]: crate::Redlock::unlock
     pub async fn unlock(&self, lock: &Lock) -> Result<usize, Error> {
+        lock.check_unreleased("unlocked again")?;
         let copy = lock.duplicate();
-        released(self.run(|r| fill_unlock(r, copy)).await)
+        let result = released(self.run(|r| fill_unlock(r, copy)).await);
+        crate::redlock::released(lock, result)
     }
 
     /// [`SharedRedlock::unlock`], blocking the calling thread.
     pub fn blocking_unlock(&self, lock: &Lock) -> Result<usize, Error> {
+        lock.check_unreleased("unlocked again")?;
         let copy = lock.duplicate();
-        released(self.blocking(|r| fill_unlock(r, copy)))
+        let result = released(self.blocking(|r| fill_unlock(r, copy)));
+        crate::redlock::released(lock, result)
     }
 
     /// Acquires `resource` for `ttl` with retries (as [`SharedRedlock::lock`]), then keeps
@@ -769,11 +827,11 @@ impl SharedRedlock {
     }
 
     pub(crate) async fn release_lease(&self, lease: Arc<LeaseShared>) -> Result<usize, Error> {
-        released(self.run(|r| fill_release(r, lease)).await)
+        lease_count(released(self.run(|r| fill_release(r, lease)).await))
     }
 
     pub(crate) fn blocking_release_lease(&self, lease: Arc<LeaseShared>) -> Result<usize, Error> {
-        released(self.blocking(|r| fill_release(r, lease)))
+        lease_count(released(self.blocking(|r| fill_release(r, lease))))
     }
 
     /// A lease dropped without release: the loop releases it.
@@ -837,6 +895,10 @@ fn fill_extend(r: &mut call::Request, lock: Lock, ttl: Duration) {
     r.ttl = ttl;
 }
 
+fn fill_health(r: &mut call::Request) {
+    r.op = Op::Health;
+}
+
 fn fill_unlock(r: &mut call::Request, lock: Lock) {
     r.op = Op::Unlock;
     r.lock = Some(lock);
@@ -862,6 +924,23 @@ fn extended(done: Result<Done, Error>, lock: &mut Lock) -> Result<(), Error> {
             *lock = updated;
             error.map_or(Ok(()), Err)
         }
+        _ => Err(mismatched()),
+    }
+}
+
+/// A lease's release keeps its count: a lease held nowhere any more (lost) releases
+/// nothing, which `Lease::release` reports as `Ok(0)`, where `unlock` says
+/// [`Error::Expired`].
+fn lease_count(result: Result<usize, Error>) -> Result<usize, Error> {
+    match result {
+        Err(Error::Expired(f)) if f.op == crate::error::Phase::Release => Ok(0),
+        result => result,
+    }
+}
+
+fn health_of(done: Result<Done, Error>) -> Result<Vec<NodeHealth>, Error> {
+    match done? {
+        Done::Health(health) => Ok(health),
         _ => Err(mismatched()),
     }
 }
