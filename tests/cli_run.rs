@@ -256,7 +256,7 @@ fn a_lock_taken_away_on_a_majority_stops_the_group_sigterm_first_and_exits_70() 
     );
     let (code, err) = run.finish(Duration::from_secs(30));
     assert_eq!(code, Some(70), "{err}");
-    assert!(err.contains("the lock was lost"), "{err}");
+    assert!(err.contains("the lock was lost (taken over"), "{err}");
     assert!(
         err.contains("a majority no longer holds this lock's token"),
         "{err}"

@@ -33,7 +33,7 @@ use crate::args::{Args, Wait, show};
 use crate::report::Renewals;
 use crate::sys::{self, Signals, Watchdog};
 use crate::{EX_LOST, EX_OSERR, failure_code};
-use quorumlock::{Error, Lease, SharedRedlock};
+use quorumlock::{Error, Lease, LostReason, SharedRedlock};
 use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll};
@@ -410,7 +410,20 @@ fn supervise(
         );
         if group_running && !lease_stopping && (is_lost || remaining <= rule.line) {
             let why = if is_lost {
-                "the lock was lost; stopping the command".to_string()
+                // Why, as the library saw it, in a word: the per-node detail of the
+                // renewals follows in the report's own lines.
+                let reason = match lease.lost_reason() {
+                    Some(LostReason::TakenOver { .. }) => " (taken over)",
+                    Some(LostReason::TooFewNodes { .. }) => {
+                        " (too few nodes answered its renewals in time)"
+                    }
+                    Some(LostReason::Expired { .. }) => {
+                        " (expired: no renewal succeeded before its deadline)"
+                    }
+                    Some(LostReason::MaxHold) => " (the maximum hold was reached)",
+                    _ => "",
+                };
+                format!("the lock was lost{reason}; stopping the command")
             } else {
                 format!(
                     "the lock's validity fell to {} (stop line {}); stopping the command",
