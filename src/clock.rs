@@ -14,8 +14,10 @@
 //!   [`Lock::remaining`](crate::Lock::remaining), [`Lock::is_valid`](crate::Lock::is_valid),
 //!   [`Lease::remaining`](crate::Lease::remaining), [`Lease::is_lost`](crate::Lease::is_lost),
 //!   the lost signals and the timer that wakes them. Each deadline is converted once, when
-//!   it is set (an `Instant` from the protocol core), to a [`Stamp`] of this clock; a
-//!   suspend after that moment counts against it.
+//!   it is set (an `Instant` from the protocol core), to a [`Stamp`] of this clock, with
+//!   the gap between the two clocks read when its round started ([`round_starts`], from
+//!   `Driver::begin`): a suspend from that moment on counts against it, one in the middle
+//!   of the round included.
 //! - Not covered: the protocol core and the loop keep `Instant`s (the core reads no
 //!   clock; the loop's timers are `epoll` timeouts). After a resume, the loop may notice
 //!   a lapsed lease late, but every caller-side check above already says it is lost.
@@ -96,22 +98,131 @@ pub(crate) fn now() -> Stamp {
     Stamp(Instant::now().saturating_duration_since(base()))
 }
 
-/// The stamp of `at`, an `Instant` near now (a deadline just set): now plus the time
-/// from now to `at` (minus it, for an `at` already past). The two clocks are read next
-/// to each other, this one first, so the stamp errs by at most the time between the
-/// reads, and early: a deadline converted is never later than the one given.
-pub(crate) fn stamp_of(at: Instant) -> Stamp {
+/// How far this clock is ahead of `Instant` (counted from [`base`]) now: the time the
+/// machine spent suspended, plus a constant. It only grows, so a gap read earlier
+/// converts a deadline no later than one read after. This clock is read first, so the
+/// gap errs small (converting early) by the time between the two reads.
+fn gap_now() -> Duration {
     let stamp = now();
-    let instant = Instant::now();
-    match at.checked_duration_since(instant) {
-        Some(ahead) => stamp.saturating_add(ahead),
-        None => stamp.saturating_sub(instant.saturating_duration_since(at)),
+    let since = Instant::now().saturating_duration_since(base());
+    stamp.0.saturating_sub(since)
+}
+
+/// The gap when this process first used the clock: the smallest there is (the most
+/// cautious conversion), for a deadline whose round left no record here.
+fn first_gap() -> Duration {
+    static FIRST: OnceLock<Duration> = OnceLock::new();
+    *FIRST.get_or_init(gap_now)
+}
+
+/// Round starts remembered per thread: enough for the rounds one call chains (an
+/// acquire, its fence write-back, a retry) between the start and the lock it makes.
+const STARTS: usize = 8;
+
+/// A round's start, and the gap then.
+type RoundStart = Option<(Instant, Duration)>;
+
+thread_local! {
+    /// The last [`STARTS`] rounds begun on this thread, and where the next one goes.
+    static ROUND_STARTS: std::cell::RefCell<([RoundStart; STARTS], usize)> =
+        const { std::cell::RefCell::new(([None; STARTS], 0)) };
+}
+
+/// Records that a round starts at `start` (an `Instant` just read): the gap now, for
+/// [`stamp_from`] to convert the deadlines counted from it. A suspend between a round's
+/// start and its verdict then counts against the deadline, as it does against the keys.
+pub(crate) fn round_starts(start: Instant) {
+    let _ = first_gap();
+    let gap = gap_now();
+    ROUND_STARTS.with_borrow_mut(|(starts, next)| {
+        starts[*next % STARTS] = Some((start, gap));
+        *next = next.wrapping_add(1);
+    });
+}
+
+/// The stamp of `at`, a deadline counted from a round that started at `started`: `at`
+/// moved by the gap recorded when the latest round on this thread that started no later
+/// than `started` did (exactly that round's, when it ran here; [`first_gap`], the most
+/// cautious, when none is remembered). Never later than the deadline the keys have.
+pub(crate) fn stamp_from(at: Instant, started: Instant) -> Stamp {
+    let recorded = ROUND_STARTS.with_borrow(|(starts, _)| gap_at(starts, started));
+    shifted(at, recorded.unwrap_or_else(first_gap))
+}
+
+/// The gap recorded by the latest of `starts` no later than `started`.
+fn gap_at(starts: &[RoundStart], started: Instant) -> Option<Duration> {
+    starts
+        .iter()
+        .flatten()
+        .filter(|(s, _)| *s <= started)
+        .max_by_key(|(s, _)| *s)
+        .map(|&(_, gap)| gap)
+}
+
+/// The stamp of `at`, an `Instant` near now with no round behind it: moved by the gap
+/// now (a suspend before this call is not counted against it). For tests.
+#[cfg(test)]
+pub(crate) fn stamp_of(at: Instant) -> Stamp {
+    shifted(at, gap_now())
+}
+
+/// `at` on this clock, given the gap to use.
+fn shifted(at: Instant, gap: Duration) -> Stamp {
+    match at.checked_duration_since(base()) {
+        Some(since) => Stamp(since.saturating_add(gap)),
+        None => Stamp(gap.saturating_sub(base().saturating_duration_since(at))),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A deadline is moved by the gap of the round it was counted from, not by a later
+    /// one's (which a suspend during the round would have grown), nor by none.
+    #[test]
+    fn a_deadline_takes_the_gap_of_its_own_rounds_start() {
+        let t0 = Instant::now();
+        let (t1, t2) = (
+            t0 + Duration::from_millis(10),
+            t0 + Duration::from_millis(20),
+        );
+        let secs = Duration::from_secs;
+        // Round t1's gap 5 s; a suspend of 60 s, then round t2's gap 65 s.
+        let starts = [Some((t1, secs(5))), Some((t2, secs(65))), None];
+        assert_eq!(gap_at(&starts, t1), Some(secs(5)));
+        assert_eq!(
+            gap_at(&starts, t1 + Duration::from_millis(5)),
+            Some(secs(5))
+        );
+        assert_eq!(gap_at(&starts, t2), Some(secs(65)));
+        assert_eq!(
+            gap_at(&starts, t0),
+            None,
+            "no round that early: the first gap"
+        );
+        // The conversion itself: a deadline 30 s after t1, with t1's gap.
+        let deadline = t1 + secs(30);
+        assert_eq!(
+            shifted(deadline, secs(5)).saturating_duration_since(shifted(t1, secs(5))),
+            secs(30)
+        );
+        assert!(shifted(deadline, secs(5)) < shifted(deadline, secs(65)));
+    }
+
+    #[test]
+    fn a_round_started_here_converts_no_later_than_the_gap_now() {
+        let start = Instant::now();
+        round_starts(start);
+        let deadline = start + Duration::from_secs(30);
+        let from_round = stamp_from(deadline, start);
+        // Each gap errs small by the time between its two clock reads: a millisecond of
+        // slack for a loaded machine.
+        let slack = Duration::from_millis(1);
+        assert!(from_round <= stamp_of(deadline).saturating_add(slack));
+        // No earlier than the first gap allows: the first gap is the smallest.
+        assert!(shifted(deadline, first_gap()) <= from_round.saturating_add(slack));
+    }
 
     #[test]
     fn the_clock_never_goes_backwards_and_counts_what_instant_counts() {

@@ -78,10 +78,7 @@ impl Builder {
                  (redis://host1:6379,redis://host2:6379,...)",
             ));
         };
-        let urls: Vec<&str> = nodes
-            .split(|c: char| c == ',' || c.is_whitespace())
-            .filter(|u| !u.is_empty())
-            .collect();
+        let urls = split_node_list(&nodes);
         if urls.is_empty() {
             return Err(bad(NODES, mask(&nodes), "no node URL in it"));
         }
@@ -211,9 +208,45 @@ pub(crate) fn parse_duration(s: &str) -> Option<Duration> {
     Duration::try_from_secs_f64(seconds).ok()
 }
 
+/// The URLs of a node list (`QUORUMLOCK_NODES`, the tool's `--nodes`): separated by
+/// commas or white space. A password may hold a comma (URLs allow one in the user
+/// part): a piece with no scheme (`://`) belongs to the URL before it, so a password is
+/// never cut in two, and never half-printed by a message about the piece.
+pub fn split_node_list(list: &str) -> Vec<String> {
+    let mut urls: Vec<String> = Vec::new();
+    for piece in list.split(',') {
+        for (i, word) in piece.split_whitespace().enumerate() {
+            match urls.last_mut() {
+                Some(last) if !word.contains("://") => {
+                    // The comma (or, within a piece, the space) it was split at.
+                    last.push(if i == 0 { ',' } else { ' ' });
+                    last.push_str(word);
+                }
+                _ => urls.push(word.to_string()),
+            }
+        }
+    }
+    urls
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_password_with_a_comma_stays_in_its_url() {
+        let list = "redis://u:pa,ss@h1:6379, redis://h2 ,,unix:///run/r.sock\tredis://:x,y,z@h3";
+        assert_eq!(
+            split_node_list(list),
+            [
+                "redis://u:pa,ss@h1:6379",
+                "redis://h2",
+                "unix:///run/r.sock",
+                "redis://:x,y,z@h3"
+            ]
+        );
+        assert!(split_node_list(" , ").is_empty());
+    }
     use std::collections::HashMap;
     use std::ffi::OsString;
 

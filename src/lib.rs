@@ -123,6 +123,10 @@ pub mod __private {
     pub mod resp {
         pub use crate::resp::*;
     }
+    /// The node-list splitting rule `Builder::from_env` and the tool share.
+    pub mod env {
+        pub use crate::from_env::split_node_list;
+    }
     /// The test seam of host-name resolution: see `map_host`.
     pub mod resolver {
         pub use crate::driver::conn::{map_host, map_host_slowly, unmap_host};

@@ -51,7 +51,7 @@ pub struct Lock {
     deadline: Instant,
     /// `deadline` on the suspend-counting clock ([`crate::clock`]): what
     /// [`Lock::remaining`] and [`Lock::is_valid`] compare against.
-    // INVARIANT: clock::stamp_of(deadline), taken when `deadline` was set.
+    // INVARIANT: clock::stamp_from(deadline, started), taken when `deadline` was set.
     until: Stamp,
     /// The resources after the first, for a lock taken by `lock_all` (`None` otherwise;
     /// one pointer, so a plain lock stays small to build and to move).
@@ -85,7 +85,7 @@ impl Lock {
             started,
             written,
             deadline,
-            until: clock::stamp_of(deadline),
+            until: clock::stamp_from(deadline, started),
             more: None,
             fence: None,
             released: AtomicBool::new(false),
@@ -281,14 +281,19 @@ impl Lock {
         self.ttl = ttl;
         self.started = started;
         self.deadline = deadline;
-        self.until = clock::stamp_of(deadline);
+        self.until = clock::stamp_from(deadline, started);
     }
 
     pub(crate) fn shorten(&mut self, deadline: Instant) {
         if deadline < self.deadline {
             self.deadline = deadline;
-            self.until = clock::stamp_of(deadline);
+            self.until = clock::stamp_from(deadline, self.started);
         }
+    }
+
+    /// [`Lock::deadline`] on the suspend-counting clock (`crate::clock`).
+    pub(crate) fn until(&self) -> Stamp {
+        self.until
     }
 }
 

@@ -277,3 +277,48 @@ async fn with_lease_can_be_spawned() {
         "a released lease's signal says so: {why:?}"
     );
 }
+
+/// Every node loses the lease's key while the work runs (a flush, a failover to an empty
+/// replica), between two renewals, so nothing told the lease: the release finds it held
+/// nowhere, and the call says the lease was lost instead of returning the work's value.
+#[test]
+fn work_whose_keys_vanished_unseen_is_reported_lost_by_the_release() {
+    let cluster = Cluster::start(3);
+    let shared = shared(&cluster);
+    let key = "with_lease:flushed";
+    // A 30 s lease renews every 10 s: the work ends long before the first renewal.
+    let flush = || {
+        for n in 0..cluster.len() {
+            cluster.node(n).admin().del(key);
+        }
+    };
+    let got = block_on(
+        shared.with_lease(key, Duration::from_secs(30), async |lease: &Lease| {
+            flush();
+            assert!(!lease.is_lost(), "nothing told the lease yet");
+            7
+        }),
+    );
+    match got {
+        Err(Error::Lost {
+            why: LostReason::TakenOver { .. },
+            ..
+        }) => {}
+        other => panic!("the release should have found the lease lost: {other:?}"),
+    }
+    let got = shared.blocking_with_lease(key, Duration::from_secs(30), |lease| {
+        flush();
+        assert!(!lease.is_lost());
+        7
+    });
+    assert!(
+        matches!(
+            got,
+            Err(Error::Lost {
+                why: LostReason::TakenOver { .. },
+                ..
+            })
+        ),
+        "{got:?}"
+    );
+}

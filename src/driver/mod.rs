@@ -157,6 +157,9 @@ impl Driver {
         // connection would not be resent within the call. One non-blocking epoll_wait.
         waits.once(engine, net, Duration::ZERO, None);
         let start = Instant::now();
+        // Deadlines counted from this start are converted with the gap as it is now
+        // (`clock::stamp_from`): a suspend during the round counts against them.
+        crate::clock::round_starts(start);
         let mut active = Active { round, req };
         engine.begin(net, &mut active, start);
         if let Some(w) = watcher {

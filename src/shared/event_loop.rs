@@ -1046,6 +1046,7 @@ impl EventLoop {
             lock.token_value(),
             lock.fence(),
             lock.deadline(),
+            lock.until(),
         );
         let hold_until = self
             .rl
@@ -1171,7 +1172,7 @@ impl EventLoop {
             ) {
                 Renewal::Renewed { deadline, next } => {
                     e.lock.renew(ttl, start, deadline);
-                    if !e.shared.set_deadline(deadline, None) {
+                    if !e.shared.set_deadline(deadline, e.lock.until(), None) {
                         // Its deadline passed before this verdict was read: lost it
                         // stays (its holder may have seen it lost); the keys go.
                         e.lost = true;
@@ -1205,10 +1206,11 @@ impl EventLoop {
                     // deadline declares it lost otherwise.
                     e.lock.shorten(deadline);
                     let failure = rl.failure(Phase::Extend, e.lock.resource(), slot, 1, start);
-                    if !e
-                        .shared
-                        .set_deadline(e.lock.deadline(), Some(Error::Unavailable(failure)))
-                    {
+                    if !e.shared.set_deadline(
+                        e.lock.deadline(),
+                        e.lock.until(),
+                        Some(Error::Unavailable(failure)),
+                    ) {
                         e.lost = true;
                         self.orphans.push(e.lock.duplicate());
                         continue;

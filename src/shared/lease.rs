@@ -158,6 +158,7 @@ impl LeaseShared {
         token: Token,
         fence: Option<u64>,
         deadline: Instant,
+        until: Stamp,
     ) -> Arc<LeaseShared> {
         Arc::new(LeaseShared {
             resource: resource.into(),
@@ -165,7 +166,7 @@ impl LeaseShared {
             fence,
             state: Mutex::new(LeaseState {
                 deadline,
-                until: clock::stamp_of(deadline),
+                until,
                 why: None,
                 last_error: None,
                 wakers: Vec::new(),
@@ -185,7 +186,14 @@ impl LeaseShared {
     /// changed, when the lease is already lost: marked, or its deadline passed (a
     /// renewal answered after the deadline never revives a lease a caller may have
     /// seen lost; it is then marked lost here, under the same lock callers read).
-    pub fn set_deadline(self: &Arc<Self>, deadline: Instant, failed: Option<Error>) -> bool {
+    /// `until` is `deadline` on the suspend-counting clock, as the lock's round converted
+    /// it (`Lock::until`).
+    pub fn set_deadline(
+        self: &Arc<Self>,
+        deadline: Instant,
+        until: Stamp,
+        failed: Option<Error>,
+    ) -> bool {
         let (sooner, entry) = {
             let mut s = self.state();
             if s.is_lost(clock::now()) {
@@ -195,7 +203,7 @@ impl LeaseShared {
             }
             let before = s.until;
             s.deadline = deadline;
-            s.until = clock::stamp_of(deadline);
+            s.until = until;
             s.last_error = failed;
             // Waiters timed for the old deadline: the timer comes back when it passes,
             // and finds the new one; one set earlier needs its own entry, and blocked
@@ -658,12 +666,43 @@ impl Lease {
         self.client.blocking_release_lease(Arc::clone(&self.shared))
     }
 
+    /// The release at the end of `with_lease`: a lease its release finds held on no
+    /// node had been lost before it (its keys flushed, failed over, evicted, or expired
+    /// unseen), which the work must hear: [`Error::Lost`], taken over, with the release's
+    /// answers. [`Lease::release`] reports it as `Ok(0)`.
+    pub(crate) async fn release_after_work(mut self) -> Result<usize, Error> {
+        self.released = true;
+        let client = self.client.clone();
+        let done = client.release_lease_exact(Arc::clone(&self.shared)).await;
+        held_at_release(self.resource(), done)
+    }
+
+    /// [`Lease::release_after_work`], blocking the calling thread.
+    pub(crate) fn blocking_release_after_work(mut self) -> Result<usize, Error> {
+        self.released = true;
+        let done = (self.client).blocking_release_lease_exact(Arc::clone(&self.shared));
+        held_at_release(self.resource(), done)
+    }
+
     /// [`Error::Lost`] for this lease, if it is lost.
     pub(crate) fn lost_error(&self) -> Option<Error> {
         self.lost_reason().map(|why| Error::Lost {
             resource: self.resource().to_vec(),
             why,
         })
+    }
+}
+
+/// A release's result, with "held on no node" as the loss it is.
+fn held_at_release(resource: &[u8], done: Result<usize, Error>) -> Result<usize, Error> {
+    match done {
+        Err(Error::Expired(f)) if f.op == crate::error::Phase::Release => Err(Error::Lost {
+            resource: resource.to_vec(),
+            why: LostReason::TakenOver {
+                last: Box::new(Error::Expired(f)),
+            },
+        }),
+        done => done,
     }
 }
 
@@ -983,7 +1022,14 @@ mod tests {
 
     /// A lease of no loop, valid for `valid` from now.
     fn lease_for(valid: Duration) -> Arc<LeaseShared> {
-        LeaseShared::new(b"r", Token::from_bits(1), None, Instant::now() + valid)
+        let deadline = Instant::now() + valid;
+        LeaseShared::new(
+            b"r",
+            Token::from_bits(1),
+            None,
+            deadline,
+            clock::stamp_of(deadline),
+        )
     }
 
     /// With no loop at all, the timer thread wakes a waiter at the lease's deadline, and
@@ -1018,8 +1064,10 @@ mod tests {
         };
         // Once both wait (or not: either way they must see the new deadline).
         std::thread::sleep(Duration::from_millis(50));
+        let sooner = Instant::now() + Duration::from_millis(100);
         assert!(lease.set_deadline(
-            Instant::now() + Duration::from_millis(100),
+            sooner,
+            clock::stamp_of(sooner),
             Some(Error::Unavailable(failure()))
         ));
         assert!(waiter.join().unwrap(), "the future's waker was rung");
@@ -1029,7 +1077,8 @@ mod tests {
             Some(LostReason::TooFewNodes { .. })
         ));
         // Lost stays lost: a later deadline does not revive it.
-        assert!(!lease.set_deadline(Instant::now() + Duration::from_secs(60), None));
+        let later = Instant::now() + Duration::from_secs(60);
+        assert!(!lease.set_deadline(later, clock::stamp_of(later), None));
         assert!(lease.state().is_lost(clock::now()));
     }
 

@@ -719,7 +719,9 @@ impl SharedRedlock {
     /// Returns `f`'s value when the lease was held until `f` returned and its release
     /// succeeded; [`Error::Lost`] (saying why) when the lease was lost before `f`
     /// returned — its value is dropped, since the work may have overlapped another
-    /// holder's; the release's error when the release failed.
+    /// holder's — or when the release found it held on no node (lost unseen: its keys
+    /// flushed, failed over or evicted); the release's error when the release failed. A
+    /// lost lease is released in the background: the loss is returned at once.
     ///
     /// ```no_run
     /// # use std::time::Duration;
@@ -741,11 +743,12 @@ impl SharedRedlock {
         // On a panic, the lease is dropped while unwinding: released in the background.
         let out = f(&lease);
         if let Some(lost) = lease.lost_error() {
-            // What remains of its key on a minority is deleted; the loss is the news.
-            let _ = lease.blocking_release();
+            // The loss is the news, at once: what remains of its key on a minority is
+            // deleted in the background (the lease dropped).
+            drop(lease);
             return Err(lost);
         }
-        lease.blocking_release()?;
+        lease.blocking_release_after_work()?;
         Ok(out)
     }
 
@@ -758,7 +761,10 @@ impl SharedRedlock {
     /// - The work finished, but after the lease was lost: [`Error::Lost`] as well (its
     ///   result may have overlapped another holder's).
     /// - The work finished in time: the lease is released and `f`'s value returned; a
-    ///   failed release is the error.
+    ///   failed release is the error, and a release that finds the lease held on no node
+    ///   (lost unseen: its keys flushed, failed over, evicted) is [`Error::Lost`] too.
+    /// - A lost lease is released in the background: the loss is returned at once, not
+    ///   after a release round.
     ///
     /// Dropping the returned future drops the work and the lease (released in the
     /// background). The race needs no runtime: the work and the loss are polled side by
@@ -805,12 +811,16 @@ impl SharedRedlock {
             // The work future is dropped here, before the release is awaited.
         };
         if let Some(lost) = lease.lost_error() {
-            let _ = lease.release().await;
+            // Returned at once, not after a release round (a frozen majority, a slow
+            // loop): the lease dropped deletes what remains of its key in the background.
+            drop(lease);
             return Err(lost);
         }
         match out {
             Some(out) => {
-                lease.release().await?;
+                // Held on no node at the release: lost before it, unseen (flushed,
+                // failed over, evicted): `Error::Lost` too.
+                lease.release_after_work().await?;
                 Ok(out)
             }
             // Ready only once lost, and lost stays lost: `lost_error` said so above.
@@ -827,11 +837,26 @@ impl SharedRedlock {
     }
 
     pub(crate) async fn release_lease(&self, lease: Arc<LeaseShared>) -> Result<usize, Error> {
-        lease_count(released(self.run(|r| fill_release(r, lease)).await))
+        lease_count(self.release_lease_exact(lease).await)
     }
 
     pub(crate) fn blocking_release_lease(&self, lease: Arc<LeaseShared>) -> Result<usize, Error> {
-        lease_count(released(self.blocking(|r| fill_release(r, lease))))
+        lease_count(self.blocking_release_lease_exact(lease))
+    }
+
+    /// The release as `unlock` reports it: [`Error::Expired`] when no node held it.
+    pub(crate) async fn release_lease_exact(
+        &self,
+        lease: Arc<LeaseShared>,
+    ) -> Result<usize, Error> {
+        released(self.run(|r| fill_release(r, lease)).await)
+    }
+
+    pub(crate) fn blocking_release_lease_exact(
+        &self,
+        lease: Arc<LeaseShared>,
+    ) -> Result<usize, Error> {
+        released(self.blocking(|r| fill_release(r, lease)))
     }
 
     /// A lease dropped without release: the loop releases it.

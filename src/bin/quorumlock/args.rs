@@ -478,11 +478,8 @@ pub fn parse(argv: &[String], env_nodes: Option<&str>) -> Result<Parsed, String>
 
 /// `URL,URL,...` (`--nodes`, `QUORUMLOCK_NODES`): blanks around each ignored.
 fn split_nodes(list: &str) -> Vec<String> {
-    list.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect()
+    // The library's rule: commas or spaces, a password's comma kept in its URL.
+    quorumlock::__private::env::split_node_list(list)
 }
 
 /// The node URLs of `--nodes-file PATH`: one per line, taken whole (a password may hold
