@@ -783,7 +783,11 @@ impl std::fmt::Debug for LostSignal {
 impl LostSignal {
     /// The same signal, firing `margin` before the lease's deadline (or at its loss,
     /// if that comes first): the stop line of a job that needs `margin` to wind down.
-    /// [`LostSignal::reason`] stays `None` until the lease is actually lost.
+    /// [`LostSignal::reason`] stays `None` until the lease is actually lost. Unlike the
+    /// loss itself, the margin is measured against the current deadline: a renewal that
+    /// succeeds after the line was crossed (a retry, late) moves the deadline, and
+    /// `is_lost()` reads false again; a job that must not resume once told to stop keeps
+    /// its own record of having been told.
     pub fn before(&self, margin: Duration) -> LostSignal {
         LostSignal {
             shared: Arc::clone(&self.shared),

@@ -10,7 +10,10 @@
 //! - `probe.rs`: `try`, `status`, `bench`.
 //! - `report.rs`: what `run` says when it stops the command (an observer of the
 //!   lease's renewals), with RFC 3339 UTC timestamps.
-//! - `sys.rs`: signals, process groups, the watchdog: the only `unsafe` code.
+//! - `sys.rs`: signals, process groups, the watchdog: the only `unsafe` code (denied
+//!   everywhere else).
+
+#![deny(unsafe_code)]
 
 mod args;
 mod probe;

@@ -28,6 +28,8 @@
 //!   could neither keep the lock alive nor stop the command, which runs on in its own
 //!   group. The command gets them back as quorumlock found them.
 
+#![allow(unsafe_code)]
+
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
