@@ -88,7 +88,7 @@ impl Builder {
         let mut b = Builder::default().nodes(urls);
         let duration = |name: &str| -> Result<Option<Duration>, Error> {
             var(name)?
-                .map(|v| parse_duration(&v).ok_or_else(|| bad(name, &v, DURATION)))
+                .map(|v| parse_duration(v.trim()).ok_or_else(|| bad(name, &v, DURATION)))
                 .transpose()
         };
         if let Some(d) = duration("QUORUMLOCK_NODE_TIMEOUT")? {
@@ -184,28 +184,49 @@ fn tls(
     }
 }
 
-/// A duration as the command line reads one: bare seconds (fractions allowed) or a
-/// number with a unit (`ms`, `s`, `m`, `h`, `us`). `None` when it is not one (negative,
-/// not a number, out of range).
-pub(crate) fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    if number.is_empty() || number.starts_with('.') && number.len() == 1 {
+/// A duration as the command line and the environment read one (one rule for both):
+/// `5` and `2.5` (seconds), `500ms`, `1.5s`, `2m`, `1h`, `250us`. `None` for anything
+/// else (a sign, blanks, an exponent, `.5`, `5.`), or a value that overflows. Exact
+/// (integer arithmetic, no float); digits past the nanosecond are dropped.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let digits = |t: &str| t.bytes().take_while(u8::is_ascii_digit).count();
+    let whole_len = digits(s);
+    if whole_len == 0 {
         return None;
     }
-    let n: f64 = number.parse().ok()?;
-    let seconds = match unit.trim() {
-        "" | "s" => n,
-        "ms" => n / 1e3,
-        "us" | "µs" => n / 1e6,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
+    let (whole, rest) = s.split_at(whole_len);
+    let (frac, unit) = match rest.strip_prefix('.') {
+        Some(after) => {
+            let n = digits(after);
+            if n == 0 {
+                return None;
+            }
+            after.split_at(n)
+        }
+        None => ("", rest),
+    };
+    let nanos_per: u128 = match unit {
+        "" | "s" => 1_000_000_000,
+        "ms" => 1_000_000,
+        "us" => 1_000,
+        "m" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
         _ => return None,
     };
-    Duration::try_from_secs_f64(seconds).ok()
+    // 39 digits would overflow u128; anything past u64 seconds is refused below anyway.
+    if whole.len() > 30 {
+        return None;
+    }
+    let mut nanos = whole.parse::<u128>().ok()?.checked_mul(nanos_per)?;
+    // At most 20 fraction digits count (10^20 × 3.6e12 fits a u128): beyond them lies
+    // less than a nanosecond even in hours.
+    let frac = &frac[..frac.len().min(20)];
+    if !frac.is_empty() {
+        let scale = 10u128.pow(frac.len() as u32);
+        nanos = nanos.checked_add(frac.parse::<u128>().ok()? * nanos_per / scale)?;
+    }
+    let secs = u64::try_from(nanos / 1_000_000_000).ok()?;
+    Some(Duration::new(secs, (nanos % 1_000_000_000) as u32))
 }
 
 /// The URLs of a node list (`QUORUMLOCK_NODES`, the tool's `--nodes`): separated by

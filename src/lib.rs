@@ -123,9 +123,9 @@ pub mod __private {
     pub mod resp {
         pub use crate::resp::*;
     }
-    /// The node-list splitting rule `Builder::from_env` and the tool share.
+    /// The rules `Builder::from_env` and the tool share: node lists and durations.
     pub mod env {
-        pub use crate::from_env::split_node_list;
+        pub use crate::from_env::{parse_duration, split_node_list};
     }
     /// The test seam of host-name resolution: see `map_host`.
     pub mod resolver {

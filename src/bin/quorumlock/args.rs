@@ -6,6 +6,7 @@
 //! Every refusal here is a usage error (exit 64) whose message quotes the offending text,
 //! except a node URL's password, which no message contains.
 
+use quorumlock::__private::env::parse_duration;
 use std::time::Duration;
 
 /// What the command line asks for.
@@ -539,50 +540,6 @@ fn nonzero(name: &str, d: Duration) -> Result<Duration, String> {
     } else {
         Ok(d)
     }
-}
-
-/// `5` and `2.5` (seconds), `500ms`, `1.5s`, `2m`, `1h`, `250us`. `None` for anything
-/// else (a sign, blanks, an exponent, `.5`, `5.`), or a value that overflows. Digits
-/// past the nanosecond are dropped.
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    let digits = |t: &str| t.bytes().take_while(u8::is_ascii_digit).count();
-    let whole_len = digits(s);
-    if whole_len == 0 {
-        return None;
-    }
-    let (whole, rest) = s.split_at(whole_len);
-    let (frac, unit) = match rest.strip_prefix('.') {
-        Some(after) => {
-            let n = digits(after);
-            if n == 0 {
-                return None;
-            }
-            after.split_at(n)
-        }
-        None => ("", rest),
-    };
-    let nanos_per: u128 = match unit {
-        "" | "s" => 1_000_000_000,
-        "ms" => 1_000_000,
-        "us" => 1_000,
-        "m" => 60_000_000_000,
-        "h" => 3_600_000_000_000,
-        _ => return None,
-    };
-    // 39 digits would overflow u128; anything past u64 seconds is refused below anyway.
-    if whole.len() > 30 {
-        return None;
-    }
-    let mut nanos = whole.parse::<u128>().ok()?.checked_mul(nanos_per)?;
-    // At most 20 fraction digits count (10^20 × 3.6e12 fits a u128): beyond them lies
-    // less than a nanosecond even in hours.
-    let frac = &frac[..frac.len().min(20)];
-    if !frac.is_empty() {
-        let scale = 10u128.pow(frac.len() as u32);
-        nanos = nanos.checked_add(frac.parse::<u128>().ok()? * nanos_per / scale)?;
-    }
-    let secs = u64::try_from(nanos / 1_000_000_000).ok()?;
-    Some(Duration::new(secs, (nanos % 1_000_000_000) as u32))
 }
 
 /// A duration as a person writes it: `2s`, `1.5s`, `750ms`, `0s`.
